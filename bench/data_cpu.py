@@ -1,0 +1,191 @@
+"""CPU data-path benchmark for mamba3_lite.data, all numbers measured side by side in one run:
+
+1. spanning-window fetch: PretrainDataset (tensor/numpy piece copies) vs the reference's Python-list stitch;
+2. random-access windows/s over a generated >= 1 GB uint16 corpus, and the resident memory of the reading process;
+3. `prepare` throughput (MB/s of source text) with 1 and 2 tokenizer threads on the Python standard library sources
+   (needs the GPT-2 ranks: $MAMBA3_LITE_GPT2_RANKS or tiktoken's cache; skipped with a note otherwise).
+
+    .venv/bin/python bench/data_cpu.py                 # defaults: L=2048, 1.0 GiB corpus
+    .venv/bin/python bench/data_cpu.py --corpus-gib 0.1 --skip-prepare   # quick
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mamba3_lite.data import (GPT2_EOS_ID, GPT2_VOCAB_SIZE, PretrainDataset, TokenizerUnavailableError,  # noqa: E402
+                              gpt2_encoding, prepare_corpus, stdlib_corpus_files, window_naive, write_shard)
+
+
+def rss_mb():
+    "(VmRSS, VmHWM, RssAnon, RssFile) of this process in MB (Linux /proc)."
+    f = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return tuple(int(f[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile"))
+
+
+def timeit(fn, n, repeats=3):
+    "Best-of-`repeats` seconds per call of fn(0..n-1) (the machine may be shared)."
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
+
+
+def bench_spanning(L, n_windows, tmp):
+    """Windows over shards smaller than L (every window spans several shards), reference stitch vs ours."""
+    rows = []
+    for shard_len in (L // 3, 3 * L // 2):
+        n_shards = max(4, (n_windows * L) // shard_len + 2)
+        g = torch.Generator().manual_seed(0)
+        shards = [torch.randint(0, GPT2_VOCAB_SIZE, (shard_len,), generator=g) for _ in range(n_shards)]
+        d_ref, d_ours = tmp / f"ref{shard_len}", tmp / f"ours{shard_len}"
+        d_ref.mkdir()
+        d_ours.mkdir()
+        for k, s in enumerate(shards):
+            torch.save(s, d_ref / f"shard_{k:06d}.bin")
+            write_shard(d_ours / f"shard_{k:06d}.bin", s.numpy())
+        offsets = [k * shard_len for k in range(n_shards)]
+        ds_ref, ds_ours = PretrainDataset(d_ref, L, GPT2_VOCAB_SIZE), PretrainDataset(d_ours, L, GPT2_VOCAB_SIZE)
+        n = min(n_windows, len(ds_ours))
+        spans = [k for k in range(n) if (k * L) // shard_len != (k * L + L) // shard_len]
+        m = len(spans)
+        for i in spans:  # warm-up: fault every page in once
+            ds_ref[i], ds_ours[i]
+        t_naive = timeit(lambda i: window_naive(shards, offsets, spans[i], L), m)
+        t_ref = timeit(lambda i: ds_ref[spans[i]], m)
+        t_ours = timeit(lambda i: ds_ours[spans[i]], m)
+        for i in spans[:50]:
+            assert torch.equal(window_naive(shards, offsets, i, L)[0], ds_ours[i][0])
+        rows.append((shard_len, m, t_naive, t_ref, t_ours))
+    print(f"\n1. spanning-window fetch, L={L} (every window measured crosses at least one shard boundary)")
+    print(f"{'shard len':>10} {'windows':>8} {'list stitch us':>15} {'ours int64 us':>14} {'ours uint16 us':>15} "
+          f"{'speedup int64':>14} {'speedup uint16':>15}")
+    for shard_len, m, a, b, c in rows:
+        print(f"{shard_len:>10} {m:>8} {a * 1e6:>15.1f} {b * 1e6:>14.1f} {c * 1e6:>15.1f} {a / b:>13.1f}x {a / c:>14.1f}x")
+    return rows
+
+
+def make_corpus(root, gib, shard_tokens):
+    """Write >= gib GiB of random GPT-2 ids as our uint16 shards + manifest."""
+    n_total = int(gib * 2**30) // 2
+    d = root / "train"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    shards, k, left = [], 0, n_total
+    while left > 0:
+        n = min(shard_tokens, left)
+        toks = rng.integers(0, GPT2_VOCAB_SIZE, n, dtype=np.uint16)
+        sha = write_shard(d / f"shard_{k:06d}.bin", toks)
+        shards.append({"file": f"shard_{k:06d}.bin", "n_tokens": n, "dtype": "uint16", "sha256": sha})
+        del toks
+        left -= n
+        k += 1
+    man = {"format": "mamba3-lite-shards", "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "eos_id": GPT2_EOS_ID,
+           "n_tokens": n_total, "shards": shards}
+    (d / "manifest.json").write_text(json.dumps(man))
+    return n_total
+
+
+def random_access_child(path, L, n, budget):
+    """Run in a fresh process: open the corpus, fetch n random windows, report rate and memory as JSON."""
+    torch.set_num_threads(1)
+    base = rss_mb()
+    ds = PretrainDataset(path, L, GPT2_VOCAB_SIZE, max_resident_mb=budget)
+    idx = np.random.default_rng(1).integers(0, len(ds), n)
+    peak = 0.0
+    t = time.perf_counter()
+    for j, i in enumerate(idx):
+        x, y = ds[int(i)]
+        if j % 512 == 0:
+            peak = max(peak, rss_mb()[0])
+    dt = time.perf_counter() - t
+    peak = max(peak, rss_mb()[0])
+    print(json.dumps({"windows": n, "seconds": dt, "base_rss": base[0], "peak_rss": peak, "hwm": rss_mb()[1],
+                      "end_anon": rss_mb()[2], "end_file": rss_mb()[3], "n_windows": len(ds), "tokens": ds.total_tokens}))
+
+
+def bench_random(L, gib, n, budget, tmp):
+    t = time.perf_counter()
+    n_tok = make_corpus(tmp / "big", gib, 50_000_000)
+    t_gen = time.perf_counter() - t
+    rows = []
+    for b in (budget, 1e6):
+        r = subprocess.run([sys.executable, __file__, "--_child", str(tmp / "big"), str(L), str(n), str(b)],
+                           capture_output=True, text=True, check=True)
+        rows.append((b, json.loads(r.stdout.strip().splitlines()[-1])))
+    print(f"\n2. random access over {n_tok * 2 / 2**30:.2f} GiB ({n_tok:,} uint16 tokens, {len(list((tmp / 'big' / 'train').glob('*.bin')))} "
+          f"shards, generated in {t_gen:.1f}s, warm page cache), L={L}, {n:,} random windows, fresh process each")
+    print(f"{'max_resident_mb':>16} {'windows/s':>10} {'RSS after import MB':>20} {'peak RSS MB':>12} {'end anon MB':>12} {'end file MB':>12}")
+    for b, j in rows:
+        label = f"{b:g}" if b < 1e6 else "off (no release)"
+        print(f"{label:>16} {j['windows'] / j['seconds']:>10,.0f} {j['base_rss']:>20.0f} {j['peak_rss']:>12.0f} "
+              f"{j['end_anon']:>12.0f} {j['end_file']:>12.0f}")
+    return rows
+
+
+def bench_prepare(tmp, repeats):
+    try:
+        gpt2_encoding()
+    except (TokenizerUnavailableError, FileNotFoundError, ValueError) as e:
+        print(f"\n3. prepare throughput: SKIPPED, no GPT-2 ranks:\n{e}")
+        return None
+    files = stdlib_corpus_files()
+    mb = sum(f.stat().st_size for f in files) / 1e6
+    for f in files:  # warm the page cache so both runs read from memory
+        f.read_bytes()
+    rows = []
+    for w in (1, 2):
+        best = float("inf")
+        for rep in range(repeats):
+            out = tmp / f"prep{w}_{rep}"
+            t = time.perf_counter()
+            res = prepare_corpus(files, out, shard_size_tokens=1_000_000, val_fraction=0.01, workers=w, progress=False)
+            best = min(best, time.perf_counter() - t)
+        rows.append((w, best, res["train"]["n_tokens"] + res["val"]["n_tokens"]))
+    print(f"\n3. prepare on the Python stdlib sources: {len(files)} files, {mb:.1f} MB (read + tokenize + write shards; best of {repeats})")
+    print(f"{'threads':>8} {'seconds':>8} {'MB/s':>7} {'Mtok/s':>7} {'vs 1 thread':>12}")
+    for w, dt, n in rows:
+        print(f"{w:>8} {dt:>8.2f} {mb / dt:>7.2f} {n / dt / 1e6:>7.2f} {rows[0][1] / dt:>11.2f}x")
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seq-len", type=int, default=2048, help="window length L (default 2048, production)")
+    ap.add_argument("--span-windows", type=int, default=1500, help="windows for the spanning-fetch comparison")
+    ap.add_argument("--corpus-gib", type=float, default=1.0, help="size of the generated random-access corpus (default 1.0 GiB)")
+    ap.add_argument("--random-windows", type=int, default=50_000, help="random windows fetched")
+    ap.add_argument("--max-resident-mb", type=float, default=32, help="PretrainDataset page-release budget")
+    ap.add_argument("--prepare-repeats", type=int, default=2, help="best of N prepare runs per thread count")
+    ap.add_argument("--skip-prepare", action="store_true", help="skip the stdlib prepare throughput part")
+    ap.add_argument("--tmp", default=None, help="scratch directory (default: a new temp dir, deleted at the end)")
+    ap.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a._child:
+        path, L, n, b = a._child
+        return random_access_child(path, int(L), int(n), float(b))
+    torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp(prefix="m3l_bench_", dir=a.tmp))
+    try:
+        bench_spanning(a.seq_len, a.span_windows, tmp)
+        bench_random(a.seq_len, a.corpus_gib, a.random_windows, a.max_resident_mb, tmp)
+        if not a.skip_prepare:
+            bench_prepare(tmp, a.prepare_repeats)
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""GPU benchmark: forward+backward training throughput (tokens/s) and MFU of the Mamba-3 LM.
+
+Default: the ~434M preset "a100-400m" at micro-batch 16 x 2048 under bf16 autocast (fp32 master weights and
+residual stream), whole-layer gradient checkpointing on, PyTorch SSD. One timed step = zero_grad + forward with
+targets + backward (no optimizer step, so the number is the model's, not AdamW's).
+
+    MFU = flops_per_token(seq_len) * tokens/s / peak
+    flops_per_token = 6 * params + the SSD core's extra (see nbs/03_model.ipynb, `flops_per_token`)
+
+Peak dense bf16 FLOP/s is looked up from the device name (H100/H200 989 TFLOP/s, A100 312, L4 121, ...) or given
+with --peak-tflops. Variants, one per run:
+
+    python bench/model_gpu.py                                   # 434M, 16x2048, bf16, checkpointing, pytorch SSD
+    ENABLE_TRITON_KERNELS=1 python bench/model_gpu.py --ssd-dispatch triton
+    python bench/model_gpu.py --no-grad-checkpoint --batch 4    # without recomputation (needs a smaller batch)
+    python bench/model_gpu.py --preset a100-400m-mimo
+    python bench/model_gpu.py --device cpu --preset tiny --batch 2 --seq-len 64 --steps 2 --warmup 1 --peak-tflops 1
+
+--json PATH appends one JSON line with the configuration and the numbers.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from mamba3_lite.model import Mamba3Transformer, ModelConfig
+
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0,
+                    "4090": 165.0}
+
+
+def peak_tflops(device: torch.device, given):
+    "Dense bf16 peak of the device (TFLOP/s), from --peak-tflops or the device name."
+    if given is not None:
+        return given
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, val in PEAK_BF16_TFLOPS.items():
+            if key in name:
+                return val
+        raise SystemExit(f"--peak-tflops: unknown GPU {name!r}; pass its dense bf16 peak in TFLOP/s")
+    raise SystemExit("--peak-tflops: required on a non-CUDA device")
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="a100-400m")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype (weights stay fp32)")
+    p.add_argument("--grad-checkpoint", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--ssd-dispatch", choices=["pytorch", "triton"], default="pytorch")
+    p.add_argument("--chunk-size", type=int, default=None, help="override the preset's chunk_size (rows)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--json", default=None, help="append a JSON line with the results to this file")
+    a = p.parse_args(argv)
+
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device available (use --device cpu for a smoke run)")
+    peak = peak_tflops(device, a.peak_tflops)
+    torch.manual_seed(0)
+    overrides = dict(grad_checkpoint=a.grad_checkpoint, ssd_dispatch=a.ssd_dispatch)
+    if a.chunk_size is not None:
+        overrides["chunk_size"] = a.chunk_size
+    cfg = ModelConfig.from_preset(a.preset, **overrides)
+    model = Mamba3Transformer(cfg).to(device).train()
+    ids = torch.randint(0, cfg.vocab_size, (a.batch, a.seq_len + 1), device=device)
+    x, y = ids[:, :-1], ids[:, 1:]
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
+
+    def train_step():
+        model.zero_grad(set_to_none=True)
+        with amp:
+            loss = model(x, targets=y).loss
+        loss.backward()
+        return loss
+
+    for _ in range(a.warmup):
+        loss = train_step()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        loss = train_step()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    t = statistics.median(times)
+    tokens_per_s = a.batch * a.seq_len / t
+    fpt = cfg.flops_per_token(a.seq_len)
+    mfu = fpt * tokens_per_s / (peak * 1e12)
+    mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"{a.preset}: {model.num_parameters():,} params, {fpt / 1e9:.3f} GFLOP/token (train), device {dev_name}, "
+          f"peak {peak:g} TFLOP/s")
+    print(f"{'batch x seq':>12} {'dtype':>6} {'ckpt':>5} {'ssd':>8} {'ms/step':>9} {'tokens/s':>11} {'MFU':>7} "
+          f"{'peak GiB':>9} {'loss':>7}")
+    print(f"{f'{a.batch}x{a.seq_len}':>12} {a.dtype:>6} {str(a.grad_checkpoint):>5} {a.ssd_dispatch:>8} "
+          f"{t * 1e3:>9.1f} {tokens_per_s:>11,.0f} {mfu:>7.1%} {'-' if mem is None else f'{mem:.1f}':>9} "
+          f"{loss.item():>7.3f}")
+    if a.json:
+        rec = dict(bench="model_gpu", preset=a.preset, params=model.num_parameters(), batch=a.batch,
+                   seq_len=a.seq_len, dtype=a.dtype, grad_checkpoint=a.grad_checkpoint, ssd_dispatch=a.ssd_dispatch,
+                   chunk_size=cfg.chunk_size, device=dev_name, ms_per_step=t * 1e3, tokens_per_s=tokens_per_s,
+                   flops_per_token=fpt, peak_tflops=peak, mfu=mfu, peak_mem_gib=mem, steps=a.steps)
+        with open(a.json, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The full CPU case grid of issue 3 for `ssd_triton` (Triton interpreter via conftest, fp32, ieee dots): outputs
+and final states vs `ssd_chunked` (nmax <= 1e-4) and every input gradient vs autograd through `ssd_chunked`
+(nmax <= 1e-3), for T in {1, 15, 16, 17, 50, 130}, chunk sizes 16 and 32, with and without an initial state and
+theta; other block dims; bad dims raise. bf16 runs only on a GPU."""
+import pytest
+import torch
+
+from mamba3_lite.ssd import SSDState, ssd_chunked, ssd_random_inputs, ssd_random_state
+from mamba3_lite.ssd_triton import _check_block_dims, ssd_triton
+
+
+def nmax(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+def case(T, S, init, seed, b=2, H=2, P=16, N=32, per_head_theta=False):
+    kw = ssd_random_inputs(b=b, T=T, H=H, P=P, N=N, S=S, dtype=torch.float32, seed=seed, per_head_theta=per_head_theta)
+    if S == 0:
+        kw["theta"] = None
+    state = ssd_random_state(b=b, H=H, P=P, N=N, S=S, dtype=torch.float32, seed=seed + 1) if init else None
+    return kw, state
+
+
+def grads(fn, kw, state, chunk_size, seed=0):
+    """{name: gradient} of a random linear functional of (y, all final states) w.r.t. every tensor input."""
+    leaf = lambda t: None if t is None else t.detach().clone().requires_grad_(True)
+    ins = {k: leaf(v) for k, v in kw.items()}
+    st = None if state is None else SSDState(*(leaf(t) for t in state))
+    y, out = fn(**ins, initial_state=st, chunk_size=chunk_size)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    sum((o.float() * torch.randn(o.shape, generator=g).to(o.device)).sum() for o in (y, *out) if o.numel()).backward()
+    named = {**ins, **({} if st is None else {f"state.{k}": v for k, v in st._asdict().items()})}
+    return {k: v.grad for k, v in named.items() if v is not None and v.numel()}
+
+
+def assert_grads_close(g_tri, g_ref, tol):
+    assert sorted(g_tri) == sorted(g_ref)
+    for name, r in g_ref.items():
+        a = g_tri[name]
+        if r is None or not r.abs().max() > 0:   # e.g. dA at T=1 without a state: exactly zero on both paths
+            assert a is None or a.abs().max() == 0, name
+            continue
+        assert a is not None and nmax(a, r) <= tol, (name, None if a is None else nmax(a, r))
+
+
+CASES = [(T, L, init, S) for T in (1, 15, 16, 17, 50, 130) for L in (16, 32) for init in (False, True) for S in (0, 4)]
+
+
+@pytest.mark.parametrize("T,L,init,S", CASES)
+def test_forward_and_states_match_ssd_chunked(T, L, init, S):
+    kw, state = case(T, S, init, seed=1000 * T + 10 * L + 2 * init + S)
+    y_ref, st_ref = ssd_chunked(**kw, initial_state=state, chunk_size=L)
+    y, st = ssd_triton(**kw, initial_state=state, chunk_size=L)
+    assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
+    assert nmax(y, y_ref) <= 1e-4
+    for name, a, r in zip(SSDState._fields, st, st_ref):
+        assert a.shape == r.shape, name
+        if r.numel():
+            assert nmax(a, r) <= 1e-4, (name, nmax(a, r))
+
+
+@pytest.mark.parametrize("T,L,init,S", CASES)
+def test_every_gradient_matches_autograd(T, L, init, S):
+    kw, state = case(T, S, init, seed=7 + 1000 * T + 10 * L + 2 * init + S)
+    assert_grads_close(grads(ssd_triton, kw, state, L), grads(ssd_chunked, kw, state, L), 1e-3)
+
+
+def test_per_head_theta_and_per_head_A():
+    kw, state = case(45, 8, True, seed=3, per_head_theta=True)
+    kw["A"] = kw["A"][0, 0].clone()   # (H,)
+    assert_grads_close(grads(ssd_triton, kw, state, 16), grads(ssd_chunked, kw, state, 16), 1e-3)
+
+
+@pytest.mark.parametrize("P,N,L", [(16, 16, 16), (32, 64, 32)])
+def test_other_block_dims(P, N, L):
+    kw, state = case(40, min(4, N // 2), True, seed=P + N, P=P, N=N)
+    y_ref, st_ref = ssd_chunked(**kw, initial_state=state, chunk_size=L)
+    y, st = ssd_triton(**kw, initial_state=state, chunk_size=L)
+    assert nmax(y, y_ref) <= 1e-4 and nmax(st.h, st_ref.h) <= 1e-4
+    assert_grads_close(grads(ssd_triton, kw, state, L), grads(ssd_chunked, kw, state, L), 1e-3)
+
+
+@pytest.mark.parametrize("P,N,L,bad", [(24, 32, 16, "P (headdim)=24"), (16, 512, 16, "N (d_state)=512"),
+                                       (16, 32, 8, "chunk_size=8"), (16, 32, 48, "chunk_size=48")])
+def test_bad_block_dims_raise(P, N, L, bad):
+    with pytest.raises(ValueError, match='ssd_dispatch="pytorch"') as err:
+        _check_block_dims(P, N, L)
+    assert bad in str(err.value)
+    kw, _ = case(5, 0, False, seed=0, P=P, N=N)
+    with pytest.raises(ValueError) as err:
+        ssd_triton(**kw, chunk_size=L)
+    assert bad in str(err.value)
+
+
+def test_no_grad_inference_matches():
+    kw, state = case(70, 4, True, seed=9)
+    with torch.no_grad():
+        y, st = ssd_triton(**kw, initial_state=state, chunk_size=32)
+    y_ref, st_ref = ssd_chunked(**kw, initial_state=state, chunk_size=32)
+    assert nmax(y, y_ref) <= 1e-4 and nmax(st.h, st_ref.h) <= 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tl.dot is only meaningful on a GPU")
+def test_bf16_against_fp32_reference_on_rounded_inputs():
+    kw, state = case(300, 32, True, seed=21, b=2, H=4, P=64, N=128)
+    kw = {k: None if v is None else v.cuda() for k, v in kw.items()}
+    state = SSDState(*(t.cuda() for t in state))
+    kw16 = {k: v.to(torch.bfloat16) if k in ("x", "B", "C") else v for k, v in kw.items()}
+    kw32 = {k: v.float() for k, v in kw16.items()}
+    y16, s16 = ssd_triton(**kw16, initial_state=state, chunk_size=64)
+    y32, s32 = ssd_chunked(**kw32, initial_state=state, chunk_size=64)
+    assert nmax(y16, y32) <= 2e-2 and nmax(s16.h, s32.h) <= 2e-2
+    assert_grads_close(grads(ssd_triton, kw16, state, 64), grads(ssd_chunked, kw32, state, 64), 2e-2)
