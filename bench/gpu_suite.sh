@@ -82,6 +82,13 @@ section_ssd_kernel() {
   "$PYTHON" bench/ssd_kernel.py "${PASS_ARGS[@]}" --out "$OUT"
 }
 
+# Issue 3: the same kernels compiled ahead of time for sm_90 (no GPU needed): compile errors the interpreter cannot
+# see, and ptxas registers / spills / shared memory of the default launch config.
+section_ssd_compile() {
+  "$PYTHON" bench/ssd_compile_check.py --chunk 64 --warps 8 --dtype bf16 --out "$OUT"
+}
+
+run_section ssd_compile
 run_section ssd_kernel
 # (later issues: append `run_section <name>` lines here — model fwd/bwd throughput, training step, e2e smoke)
 

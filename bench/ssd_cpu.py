@@ -5,6 +5,7 @@ Target (issue 2): ssd_chunked at least 20x faster than ssd_naive at T = 4096 (b=
 
     python bench/ssd_cpu.py                       # defaults below
     python bench/ssd_cpu.py --T 256 1024 --threads 1 --repeats 5
+    python bench/ssd_cpu.py --grad                # forward + backward (the CPU training path)
 """
 import argparse
 import statistics
@@ -38,18 +39,28 @@ def main(argv=None):
     p.add_argument("--chunk-size", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--grad", action="store_true", help="time forward + backward of a sum of the outputs")
     a = p.parse_args(argv)
     torch.set_flush_denormal(True)
     if a.threads: torch.set_num_threads(a.threads)
-    print(f"ssd_naive vs ssd_chunked, fp32 forward, b={a.b} H={a.H} P={a.P} N={a.N} S={a.S} R={a.R or 1} "
+    mode = "forward + backward" if a.grad else "forward"
+    print(f"ssd_naive vs ssd_chunked, fp32 {mode}, b={a.b} H={a.H} P={a.P} N={a.N} S={a.S} R={a.R or 1} "
           f"chunk={a.chunk_size} threads={torch.get_num_threads()} median of {a.repeats}")
     print(f"{'T':>6} {'naive ms':>10} {'chunked ms':>11} {'speed-up':>9}")
-    with torch.no_grad():
-        for T in a.T:
-            kw = ssd_random_inputs(b=a.b, T=T, H=a.H, P=a.P, N=a.N, S=a.S, R=a.R, dtype=torch.float32, seed=T)
-            t_naive = median_time(lambda: ssd_naive(**kw), a.repeats)
-            t_chunk = median_time(lambda: ssd_chunked(**kw, chunk_size=a.chunk_size), a.repeats)
-            print(f"{T:>6} {t_naive * 1e3:>10.1f} {t_chunk * 1e3:>11.2f} {t_naive / t_chunk:>8.1f}x")
+    for T in a.T:
+        kw = ssd_random_inputs(b=a.b, T=T, H=a.H, P=a.P, N=a.N, S=a.S, R=a.R, dtype=torch.float32, seed=T)
+        if a.grad: kw = {k: v.requires_grad_() for k, v in kw.items()}
+
+        def step(f, **extra):
+            def run():
+                with torch.set_grad_enabled(a.grad):
+                    y, _ = f(**kw, **extra)
+                    if a.grad: y.sum().backward()
+            return run
+
+        t_naive = median_time(step(ssd_naive), a.repeats)
+        t_chunk = median_time(step(ssd_chunked, chunk_size=a.chunk_size), a.repeats)
+        print(f"{T:>6} {t_naive * 1e3:>10.1f} {t_chunk * 1e3:>11.2f} {t_naive / t_chunk:>8.1f}x")
 
 
 if __name__ == "__main__":

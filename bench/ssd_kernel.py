@@ -227,8 +227,9 @@ def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok):
     r_fwd, r_all = roofline_us(b, T, H, P, N, S, a.peak_tflops, a.peak_tbps)
     kw = make_inputs(b, T, H, P, N, S, device, dtype)
     m2 = make_inputs(b, T, H, P, N, S, device, dtype, mamba2=True)
+    ours = lambda **k: ssd_triton(**k, chunk_size=L)[0]
     cands = {
-        "ours": (lambda **k: ssd_triton(**k, chunk_size=L)[0], kw),
+        "ours": (ours, kw),
         "ours (Mamba-2 case)": (lambda **k: ssd_triton(**k, chunk_size=L)[0], m2) if fla_ok else None,
         "ssd_chunked eager": (lambda **k: ssd_chunked(**k, chunk_size=L)[0], kw) if sh.get("eager", True) else None,
         "ssd_chunked compiled": (lambda **k: COMPILED(**k, chunk_size=L)[0], kw) if sh.get("compile") else None,
@@ -236,12 +237,19 @@ def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok):
         "official mamba3_siso_combined": ((lambda **k: OFFICIAL(**k, chunk_size=L)),
                                           official_args(b, T, H, P, N, S, device, dtype)) if official_ok else None,
     }
+    for w in sh.get("sweep_warps", ()):   # launch-config sweep of our kernels (both fwd and bwd get `w` warps)
+        cands[f"ours (num_warps={w})"] = (ours, kw, {"TRITON_PER_CHUNK_NUM_WARPS": str(w)})
     rows = []
     for name, c in cands.items():
         if c is None:
             continue
-        fn, inputs = c
+        fn, inputs, env = c if len(c) == 3 else (*c, {})
         row = dict(shape=sh["name"], candidate=name, b=b, T=T, H=H, P=P, N=N, S=S, L=L)
+        saved_env = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        if not name.startswith("ours") and time.perf_counter() > DEADLINE:
+            row.update(error=f"skipped: past the suite's time budget (--deadline-s {a.deadline_s:.0f})")
+            rows.append(row); print(f"  {name:38s} {row['error']}"); continue
         try:
             with torch.no_grad():
                 ms_f, n_f = timer(lambda: fn(**inputs), a.reps, a.warmup, a.budget_s)
@@ -260,12 +268,16 @@ def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok):
                        fwd_pct_roofline=100 * r_fwd / (1e3 * ms_f), fwdbwd_pct_roofline=100 * r_all / (1e3 * ms_a))
         except Exception as e:  # a peer failing (OOM, compile error) is a result, not a crash
             row.update(error=f"{type(e).__name__}: {e}"[:300])
+        finally:
+            for k, v in saved_env.items():
+                if v is None: os.environ.pop(k, None)
+                else: os.environ[k] = v
         rows.append(row)
         print(f"  {name:38s} " + (f"fwd {row['fwd_ms']:9.3f} ms  fwd+bwd {row['fwdbwd_ms']:9.3f} ms"
                                     if "fwd_ms" in row else row["error"]), flush=True)
-    ours = {r["candidate"]: r for r in rows if "fwd_ms" in r}
+    best = {r["candidate"]: r for r in rows if "fwd_ms" in r}
     for r in rows:
-        ref = ours.get("ours (Mamba-2 case)" if "Mamba-2" in r["candidate"] else "ours")
+        ref = best.get("ours (Mamba-2 case)" if "Mamba-2" in r["candidate"] else "ours")
         if "fwd_ms" in r and ref:
             r["fwd_ratio_vs_ours"] = r["fwd_ms"] / ref["fwd_ms"]
             r["fwdbwd_ratio_vs_ours"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
@@ -304,7 +316,9 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT") or "bench/results", help="directory for JSON + markdown")
     p.add_argument("--reps", type=int, default=None, help="timed reps (default 100; smoke 20; cpu 2)")
     p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--budget-s", type=float, default=20.0, help="stop a timing loop after this many seconds (reps are reported)")
+    p.add_argument("--budget-s", type=float, default=8.0, help="stop a timing loop after this many seconds (reps are reported)")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="after this many seconds, peers are skipped (ours always runs); default 400 full, 150 smoke")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200 SXM)")
     p.add_argument("--peak-tbps", type=float, default=4.8, help="HBM bandwidth (H200)")
@@ -335,12 +349,13 @@ def main(argv=None):
 
     main_shape = dict(b=16, T=2048, H=32, P=64, N=128, S=32)
     if a.cpu:
-        shapes = [dict(name="cpu-tiny L16", b=1, T=64, H=2, P=16, N=32, S=4, L=16),
+        shapes = [dict(name="cpu-tiny L16", b=1, T=64, H=2, P=16, N=32, S=4, L=16, sweep_warps=(4,)),
                   dict(name="cpu-tiny L32", b=1, T=64, H=2, P=16, N=32, S=4, L=32)]
     elif a.smoke:
         shapes = [dict(name="main L64", **main_shape, L=64)]
     else:
-        shapes = [dict(name="main L64", **main_shape, L=64, compile=do_compile),
+        shapes = [dict(name="main L64", **main_shape, L=64, compile=do_compile, sweep_warps=(4, 16)),
+                  dict(name="main L32", **main_shape, L=32),
                   dict(name="main L128", **main_shape, L=128),
                   dict(name="T512 L64", **{**main_shape, "b": 64, "T": 512}, L=64),
                   dict(name="T8192 L64", **{**main_shape, "b": 4, "T": 8192}, L=64)]
@@ -355,6 +370,9 @@ def main(argv=None):
     print(f"SSD kernel benchmark on {dev_name} ({meta['mode']}); peers: {'; '.join(peers)}", flush=True)
 
     t0 = time.perf_counter()
+    global DEADLINE
+    a.deadline_s = a.deadline_s if a.deadline_s is not None else (150.0 if a.smoke else 400.0)
+    DEADLINE = t0 + a.deadline_s
     gate_rows = gate(device, a.cpu, fla_ok, official_ok)
     for n, v, b, ok in gate_rows:
         print(f"  gate {n:50s} {v:.2e} <= {b:.0e} {'ok' if ok else 'FAILED'}")
@@ -381,6 +399,7 @@ def main(argv=None):
 
 
 FLA = OFFICIAL = COMPILED = None
+DEADLINE = float("inf")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,7 +6,7 @@
 __all__ = ['SSD_DISPATCHES', 'RMSNorm', 'inverse_softplus', 'init_dt_bias', 'heavy_tail', 'decay_rate', 'num_angles',
            'check_mixer_args', 'SSDInputs', 'Mamba3Block', 'ssd_step', 'zero_ssd_state']
 
-# %% ../nbs/02_block.ipynb #13ff31c6
+# %% ../nbs/02_block.ipynb #c4f161e9
 import math
 import os
 import warnings
@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .ssd import SSDState, angle_increment, rotate_pairs, ssd_chunked, trapezoid_coefs, wrap_angle
 
-# %% ../nbs/02_block.ipynb #7b1f19ce
+# %% ../nbs/02_block.ipynb #3a840f95
 def _fp32(t: torch.Tensor) -> torch.Tensor:
     "Upcast half-precision tensors to fp32; fp32 and fp64 pass through (so fp64 checks stay fp64)."
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
@@ -40,7 +40,7 @@ class RMSNorm(nn.Module):
         out = v32 * torch.rsqrt(v32.pow(2).mean(-1, keepdim=True) + self.eps) * _fp32(self.weight)
         return out.to(torch.float64 if v.dtype == torch.float64 else self.weight.dtype)
 
-# %% ../nbs/02_block.ipynb #a06e79bd
+# %% ../nbs/02_block.ipynb #9a764f5d
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     "The x with softplus(x) = y (y > 0), in the overflow-free form y + log(1 - exp(-y))."
     return y + torch.log(-torch.expm1(-y))
@@ -54,7 +54,7 @@ def init_dt_bias(dt_bias: torch.Tensor, dt_min: float = 1e-3, dt_max: float = 1e
         dt_bias.copy_(inverse_softplus(dt0))
     return dt_bias
 
-# %% ../nbs/02_block.ipynb #256c7cc5
+# %% ../nbs/02_block.ipynb #b68d834c
 def heavy_tail(u: torch.Tensor) -> torch.Tensor:
     "f(u) = 1+u for u >= 0, 1/(1-u) for u < 0: positive, continuous, slope 1 at 0."
     return torch.where(u >= 0, 1 + u.clamp(min=0), 1 / (1 - u.clamp(max=0)))
@@ -64,13 +64,13 @@ def decay_rate(a_logit: torch.Tensor, a_floor: float = 1e-4) -> torch.Tensor:
     "Data-dependent A = -max(f(logit), a_floor) < 0."
     return -heavy_tail(a_logit).clamp(min=a_floor)
 
-# %% ../nbs/02_block.ipynb #991419ff
+# %% ../nbs/02_block.ipynb #851089b6
 def num_angles(d_state: int, rope_fraction: float) -> int:
     "S = m/2 with m = floor(d_state * rope_fraction) rounded down to even."
     m = int(math.floor(d_state * rope_fraction))
     return (m - m % 2) // 2
 
-# %% ../nbs/02_block.ipynb #f233ee04
+# %% ../nbs/02_block.ipynb #eb2a1c5f
 SSD_DISPATCHES = ("pytorch", "triton")
 
 
@@ -103,7 +103,7 @@ def check_mixer_args(d_model, d_state, expand, headdim, ngroups, rope_fraction, 
     _require(dt_init_floor > 0, "dt_init_floor", f"expected > 0, got {dt_init_floor}")
     _require(a_floor > 0, "a_floor", f"expected > 0, got {a_floor}")
 
-# %% ../nbs/02_block.ipynb #754e8b14
+# %% ../nbs/02_block.ipynb #fd4f719d
 class SSDInputs(NamedTuple):
     "What `in_proj` and the parameterisations hand to the SSD core, plus the gate."
     x: torch.Tensor       # (b,T,H,P) values; MIMO (b,T,H,R,P) = x ⊙ W_x
@@ -176,7 +176,7 @@ class Mamba3Block(nn.Module):
             nn.init.ones_(self.mimo_z)
             nn.init.constant_(self.mimo_o, 1 / self.rank)
 
-# %% ../nbs/02_block.ipynb #430a8b1f
+# %% ../nbs/02_block.ipynb #5ab4603b
 def _per_head(bc: torch.Tensor, norm: RMSNorm, bias: torch.Tensor, n_heads: int) -> torch.Tensor:
     "(b,T,R,G,N) group projections -> RMSNorm -> broadcast group to heads -> + bias (H,R,N) -> (b,T,H,R,N)."
     G = bc.shape[3]
@@ -204,7 +204,7 @@ def _mamba3_ssd_inputs(self: Mamba3Block, u: torch.Tensor) -> SSDInputs:
 
 Mamba3Block.ssd_inputs = _mamba3_ssd_inputs
 
-# %% ../nbs/02_block.ipynb #b961e792
+# %% ../nbs/02_block.ipynb #09cac2e5
 def _mamba3_output(self: Mamba3Block, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     "y (b,T,H,P) or MIMO (b,T,H,R,P), z (b,T,H,P) -> gate -> (MIMO contraction) -> out_proj -> (b,T,d)."
     b, T = z.shape[:2]
@@ -218,7 +218,7 @@ def _mamba3_output(self: Mamba3Block, y: torch.Tensor, z: torch.Tensor) -> torch
 
 Mamba3Block._output = _mamba3_output
 
-# %% ../nbs/02_block.ipynb #d6dbf004
+# %% ../nbs/02_block.ipynb #d4ecf746
 _ENV_WARNED = False
 
 
@@ -264,7 +264,7 @@ def _mamba3_ssd_fn(self: Mamba3Block, x: torch.Tensor):
 
 Mamba3Block._ssd_fn = _mamba3_ssd_fn
 
-# %% ../nbs/02_block.ipynb #8e76393a
+# %% ../nbs/02_block.ipynb #fe281b5e
 def _mamba3_forward_impl(self: Mamba3Block, u, initial_state=None, return_state=False):
     inp = self.ssd_inputs(u)
     ssd = self._ssd_fn(inp.x)
@@ -286,7 +286,7 @@ def _mamba3_forward(self: Mamba3Block, u: torch.Tensor, initial_state: Optional[
 Mamba3Block._forward_impl = _mamba3_forward_impl
 Mamba3Block.forward = _mamba3_forward
 
-# %% ../nbs/02_block.ipynb #209aa85e
+# %% ../nbs/02_block.ipynb #63605a35
 def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState):
     """One token of the SSD recurrence. x (b,H,P) [MIMO (b,H,R,P)]; dt, A, lam (b,H); B, C (b,H,N) [MIMO (b,H,R,N)];
     theta (b,S) or None; D (H,); state: SSDState. Returns y like x (includes D·x) and the new SSDState (fp32)."""
@@ -311,7 +311,7 @@ def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState):
         y, k, x = y.squeeze(2), k.squeeze(2), x.squeeze(2)
     return y, SSDState(angle, h, k, x)
 
-# %% ../nbs/02_block.ipynb #f7d9b51f
+# %% ../nbs/02_block.ipynb #5f2e14ba
 def zero_ssd_state(batch_size, n_heads, headdim, d_state, n_angles, rank=None, device=None) -> SSDState:
     "An empty cache for one layer (all fp32): rank=None for SISO, R for MIMO."
     R = () if rank is None else (rank,)
@@ -319,7 +319,7 @@ def zero_ssd_state(batch_size, n_heads, headdim, d_state, n_angles, rank=None, d
     return SSDState(z(batch_size, n_heads, n_angles), z(batch_size, n_heads, headdim, d_state),
                     z(batch_size, n_heads, *R, d_state), z(batch_size, n_heads, *R, headdim))
 
-# %% ../nbs/02_block.ipynb #3701c192
+# %% ../nbs/02_block.ipynb #23e33bd9
 def _mamba3_allocate_state(self: Mamba3Block, batch_size: int, device=None) -> SSDState:
     "Empty decode cache for this block (fp32, size independent of the context)."
     return zero_ssd_state(batch_size, self.n_heads, self.headdim, self.d_state, self.n_angles,

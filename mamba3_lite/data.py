@@ -7,10 +7,12 @@ __all__ = ['GPT2_VOCAB_SIZE', 'GPT2_EOS_ID', 'GPT2_RANKS_SHA256', 'R50K_URL', 'R
            'SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'DEFAULT_INCLUDE',
            'TokenizerUnavailableError', 'tiktoken_cache_dir', 'r50k_cache_path', 'gpt2_encoding', 'install_tokenizer',
            'token_dtype_code', 'shard_bytes', 'write_shard', 'Shard', 'list_input_files', 'stdlib_corpus_files',
-           'iter_documents', 'prepare_corpus', 'window_naive', 'window_fast', 'PretrainDataset', 'WindowSampler',
-           'prepare_parser', 'prepare_cli', 'install_tokenizer_cli']
+           'iter_documents', 'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'PretrainDataset',
+           'WindowSampler', 'prepare_parser', 'prepare_cli', 'install_tokenizer_cli']
 
-# %% ../nbs/04_data.ipynb #54d946d7
+# %% ../nbs/04_data.ipynb #f581e4a9
+import argparse
+import base64
 import bisect
 import hashlib
 import json
@@ -19,20 +21,18 @@ import os
 import struct
 import sys
 import sysconfig
+import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatch
 from functools import lru_cache
 from pathlib import Path
-import argparse
-import base64
-import tempfile
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-# %% ../nbs/04_data.ipynb #4d885c25
+# %% ../nbs/04_data.ipynb #11c2a71b
 GPT2_VOCAB_SIZE = 50_257
 GPT2_EOS_ID = 50_256  # also the PAD id
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -110,7 +110,7 @@ def install_tokenizer(ranks_file, cache_dir=None) -> Path:
     os.replace(tmp, dest)
     return dest
 
-# %% ../nbs/04_data.ipynb #ca8ba718
+# %% ../nbs/04_data.ipynb #3c16342a
 SHARD_MAGIC = b"M3LTOKEN"
 SHARD_VERSION = 1
 HEADER = struct.Struct("<8sIIQII")   # magic, version, dtype code, n_tokens, vocab_size, eos_id
@@ -147,7 +147,7 @@ def write_shard(path, tokens, vocab_size: int = GPT2_VOCAB_SIZE, eos_id: int = G
     _atomic_write(Path(path), (head, body))
     return hashlib.sha256(head + body).hexdigest()
 
-# %% ../nbs/04_data.ipynb #746a6ff5
+# %% ../nbs/04_data.ipynb #c96181b5
 class Shard:
     "One memory-mapped token shard: `.tokens` (1-D numpy view), `.path`, header fields, `.release()` drops mapped pages."
     def __init__(self, path):
@@ -177,7 +177,7 @@ class Shard:
             for block in iter(lambda: f.read(1 << 22), b""): h.update(block)
         return h.hexdigest()
 
-# %% ../nbs/04_data.ipynb #79e4fc1a
+# %% ../nbs/04_data.ipynb #7abcf40e
 DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl")
 
 def list_input_files(inputs, include=None) -> list:
@@ -228,7 +228,7 @@ def iter_documents(files, text_field: str = "text"):
             except UnicodeDecodeError as e: raise ValueError(f"{f}: not UTF-8 text (byte {e.start}); convert it or leave it out with --include") from None
             yield text, len(raw)
 
-# %% ../nbs/04_data.ipynb #22d95cfd
+# %% ../nbs/04_data.ipynb #ec5d1635
 class _SplitWriter:
     "Accumulate one split's token stream and write fixed-size shards (skipping ones already on disk with equal bytes)."
     def __init__(self, out_dir: Path, shard_size: int, vocab_size: int, eos_id: int):
@@ -264,7 +264,22 @@ class _SplitWriter:
         _atomic_write(self.dir / "manifest.json", (json.dumps(manifest, indent=1).encode(),))
         return manifest
 
-# %% ../nbs/04_data.ipynb #4864997f
+# %% ../nbs/04_data.ipynb #eab05f3e
+def _finished_output(out: Path, meta: dict):
+    "The manifests of a complete earlier run with the same inputs (paths, sizes, mtimes) and settings, else None."
+    res = {}
+    for split in ("train", "val"):
+        mf = out / split / "manifest.json"
+        if not mf.is_file(): return None
+        m = json.loads(mf.read_text())
+        if any(m.get(k) != v for k, v in meta.items()): return None
+        itemsize = DTYPE_CODES[token_dtype_code(m["vocab_size"])].itemsize
+        if any(not (out / split / sh["file"]).is_file() or (out / split / sh["file"]).stat().st_size != HEADER_BYTES + sh["n_tokens"] * itemsize
+               for sh in m["shards"]): return None
+        res[split] = m
+    res["stats"] = {s: {"written": 0, "skipped": len(res[s]["shards"]), "removed": 0} for s in ("train", "val")}
+    return res
+
 def _encode_texts(enc, texts):
     "Token arrays (uint32) of a list of texts; text that looks like a special token is encoded as ordinary text."
     return [enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
@@ -289,7 +304,9 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     meta = {"format": "mamba3-lite-shards", "version": SHARD_VERSION, "tokenizer": enc.name if enc.name != "r50k_base" else TOKENIZER_NAME,
             "vocab_size": vocab, "eos_id": eos, "dtype": DTYPE_NAMES[token_dtype_code(vocab)], "shard_size_tokens": shard_size_tokens,
             "val_tokens": val_tokens, "val_fraction": val_fraction, "text_field": text_field,
-            "sources": [{"path": str(f), "bytes": f.stat().st_size} for f in files]}
+            "sources": [{"path": str(f), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]}
+    done = _finished_output(out, meta)
+    if done is not None: return done
     writers = {s: _SplitWriter(out / s, shard_size_tokens, vocab, eos) for s in ("train", "val")}
     seen = n_empty = 0
     bar = tqdm(total=sum(s["bytes"] for s in meta["sources"]), unit="B", unit_scale=True, desc="prepare", disable=not progress)
@@ -322,49 +339,48 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
     return res
 
-# %% ../nbs/04_data.ipynb #0d6c7436
-def window_naive(shards, offsets, idx: int, L: int):
+# %% ../nbs/04_data.ipynb #d37620c8
+def locate(offsets, g: int) -> tuple:
+    "(shard k, offset in it) of global token g; `offsets` = shard start indices. A boundary g = offsets[k] gives (k, 0)."
+    k = bisect.bisect_right(offsets, g) - 1
+    return k, g - offsets[k]
+
+# %% ../nbs/04_data.ipynb #461b6149
+def window_naive(shards, offsets, sizes, idx: int, L: int):
     "Reference stitch (slow, kept as the test oracle): walk shards, extend a Python list, rebuild a tensor."
-    sizes = [len(s) for s in shards]
     needed, collected, cursor = L + 1, [], idx * L
     while len(collected) < needed:
-        k = bisect.bisect_right(offsets, cursor) - 1
-        off = cursor - offsets[k]
+        k, off = locate(offsets, cursor)
         take = min(needed - len(collected), sizes[k] - off)
         collected.extend(torch.as_tensor(shards[k][off:off + take]).tolist())
         cursor += take
     chunk = torch.tensor(collected, dtype=torch.long)
     return chunk[:-1], chunk[1:]
 
-# %% ../nbs/04_data.ipynb #764dc06b
+# %% ../nbs/04_data.ipynb #05a3ae57
 def window_fast(shards, offsets, sizes, idx: int, L: int, vocab_size: int, names=None):
     "Window `idx` (x, y: (L,) torch.long, views of one (L+1,) buffer) from numpy shard arrays; ids checked < vocab_size."
     start = idx * L
-    k = bisect.bisect_right(offsets, start) - 1
-    off = start - offsets[k]
-    signed = False                                               # only signed storage can hold ids < 0
-    if off + L + 1 <= sizes[k]:                                  # fast path: one slice
-        piece = shards[k][off:off + L + 1]
-        chunk = piece if piece.dtype == np.int64 else piece.astype(np.int64)
-        signed = piece.dtype.kind == "i"
-    else:                                                        # spans shards: fill one buffer piece by piece
-        chunk = np.empty(L + 1, dtype=np.int64)
-        got = 0
-        while got < L + 1:
-            take = min(L + 1 - got, sizes[k] - off)
-            chunk[got:got + take] = shards[k][off:off + take]
-            signed |= shards[k].dtype.kind == "i"
-            got += take; k += 1; off = 0                         # the next piece starts the next shard at offset 0
-    if chunk.max() >= vocab_size or (signed and chunk.min() < 0):
-        bad = int(np.flatnonzero((chunk >= vocab_size) | (chunk < 0))[0]) + start
-        kb = bisect.bisect_right(offsets, bad) - 1
+    k, off = locate(offsets, start)
+    end = off + L + 1
+    if end <= sizes[k]:                                          # fast path: one slice (a view when stored as int64)
+        chunk = shards[k][off:end].astype(np.int64, copy=False)
+    else:                                                        # spans shards: one slice per shard, one copy
+        pieces, need = [shards[k][off:]], end - sizes[k]
+        while need > 0:                                          # the next piece starts the next shard at offset 0
+            k += 1
+            pieces.append(shards[k][:need]); need -= sizes[k]
+        chunk = np.concatenate(pieces, dtype=np.int64)
+    ids = chunk.view(np.uint64)                                  # negative ids become huge: one max checks both ends
+    if ids.max() >= vocab_size:
+        bad = int(np.flatnonzero(ids >= vocab_size)[0]) + start
+        kb, ob = locate(offsets, bad)
         where = names[kb] if names is not None else f"shard {kb}"
-        raise ValueError(f"{where}: token id {int(chunk[bad - start])} at offset {bad - offsets[kb]} is outside [0, {vocab_size}) "
+        raise ValueError(f"{where}: token id {int(chunk[bad - start])} at offset {ob} is outside [0, {vocab_size}) "
                          "(data prepared with another tokenizer, or corrupt)")
-    t = torch.from_numpy(chunk)
-    return t[:-1], t[1:]
+    return torch.from_numpy(chunk[:-1]), torch.from_numpy(chunk[1:])
 
-# %% ../nbs/04_data.ipynb #a43a4053
+# %% ../nbs/04_data.ipynb #4c3a65a0
 def _load_torch_tokens(path: Path) -> np.ndarray:
     "A torch.save'd 1-D integer tensor, memory-mapped, as a numpy view (errors name the file)."
     try: t = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -377,7 +393,7 @@ def _load_torch_tokens(path: Path) -> np.ndarray:
 def _is_our_shard(path: Path) -> bool:
     with open(path, "rb") as f: return f.read(len(SHARD_MAGIC)) == SHARD_MAGIC
 
-# %% ../nbs/04_data.ipynb #e169a0fc
+# %% ../nbs/04_data.ipynb #e95228d3
 _STATM_FD = {}   # pid -> open fd of /proc/self/statm (re-opened in a forked DataLoader worker)
 
 def _file_rss_bytes() -> int:
@@ -386,13 +402,14 @@ def _file_rss_bytes() -> int:
     if pid not in _STATM_FD: _STATM_FD.clear(); _STATM_FD[pid] = os.open("/proc/self/statm", os.O_RDONLY)
     return int(os.pread(_STATM_FD[pid], 128, 0).split()[2]) * mmap.PAGESIZE
 
-# %% ../nbs/04_data.ipynb #6b5d2f2a
+# %% ../nbs/04_data.ipynb #ac70d900
 class PretrainDataset(Dataset):
     "Next-token windows `(x, y)` (each `(L,)` CPU torch.long) over a flat token stream: one file or a directory of shards."
     def __init__(self, data_path, max_seq_len: int, vocab_size: int, split: str = "train", dummy: bool = False,
                  dummy_windows: int = 1000, seed: int = 0, full_check: bool = False, max_resident_mb: float = 32):
         if not isinstance(max_seq_len, int) or max_seq_len < 1: raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
         if not isinstance(vocab_size, int) or vocab_size < 1: raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        self._args = (data_path, max_seq_len, vocab_size, split, dummy, dummy_windows, seed, False, max_resident_mb)
         self.max_seq_len, self.vocab_size, self.seed = max_seq_len, vocab_size, seed
         self.manifest, self.names, self._shard_objs, self._is_ours, self._touched = None, [], [], [], set()
         if dummy:
@@ -464,21 +481,24 @@ class PretrainDataset(Dataset):
             if full_check and sh.sha256() != s["sha256"]: raise ValueError(f"{q}: sha256 differs from {mf} (corrupt or replaced)")
         if sum(s["n_tokens"] for s in m["shards"]) != m["n_tokens"]: raise ValueError(f"{mf}: n_tokens {m['n_tokens']} != sum over its shards")
 
+    def __reduce__(self):
+        "Pickle as the constructor call (re-opens the mapping; for spawned DataLoader workers), never the token data."
+        return (PretrainDataset, self._args)
+
     def __len__(self): return self._n
 
     def __getitem__(self, idx: int):
         if not -self._n <= idx < self._n: raise IndexError(f"window {idx} out of range for {self._n} windows")
-        idx = int(idx) % self._n
+        if idx < 0: idx += self._n
         if self.layout == "dummy":
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + idx)
             chunk = torch.randint(0, self.vocab_size, (self.max_seq_len + 1,), generator=g)
             return chunk[:-1], chunk[1:]
-        if self._ours:
-            a = bisect.bisect_right(self.offsets, idx * self.max_seq_len) - 1
-            b = bisect.bisect_right(self.offsets, idx * self.max_seq_len + self.max_seq_len) - 1
-            self._touched.update(range(a, b + 1))
+        if self._ours and self._budget is not None:
+            a, b = bisect.bisect_right(self.offsets, idx * self.max_seq_len), bisect.bisect_right(self.offsets, (idx + 1) * self.max_seq_len)
+            self._touched.update(range(a - 1, b))                 # the shards this window reads
             self._reads += 1
-            if self._reads % 4 == 0 and self._budget is not None and _file_rss_bytes() - self._rss_base > self._budget: self.release()
+            if self._reads % 4 == 0 and _file_rss_bytes() - self._rss_base > self._budget: self.release()
         return window_fast(self.shards, self.offsets, self.sizes, idx, self.max_seq_len, self.vocab_size, self.names)
 
     def release(self):
@@ -486,6 +506,7 @@ class PretrainDataset(Dataset):
         for k in self._touched:
             if self._is_ours[k]: self._shard_objs[k].release()
         self._touched = set()
+        if self._budget is not None: self._rss_base = _file_rss_bytes()   # budget = growth since the last release
 
     def get_batch(self, indices):
         "Stack windows: (x, y), each (b, L) torch.long."
@@ -498,7 +519,7 @@ class PretrainDataset(Dataset):
         if n == 0: raise ValueError(f"{getattr(self, 'path', 'dummy')}: {len(self)} windows make no batch of {batch_size}")
         for b in range(n): yield self.get_batch(range(b * batch_size, (b + 1) * batch_size))
 
-# %% ../nbs/04_data.ipynb #bc664542
+# %% ../nbs/04_data.ipynb #40f5d2f7
 class WindowSampler:
     "Batches of window indices forever: sequential or (seed, epoch)-shuffled order, round-robin split over ranks, resumable."
     def __init__(self, n_windows: int, batch_size: int, shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
@@ -509,6 +530,7 @@ class WindowSampler:
         self.n_windows, self.batch_size, self.shuffle, self.seed = int(n_windows), int(batch_size), bool(shuffle), int(seed)
         self.rank, self.world_size = int(rank), int(world_size)
         self.epoch, self.position = 0, 0
+        self._start = (0, 0)
         self._cache = (None, None)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
@@ -545,8 +567,14 @@ class WindowSampler:
                                  f"{key}={getattr(self, key)!r}; the window order would change (resume with the same {key})")
         if not 0 <= state["position"] < self.windows_per_epoch: raise ValueError(f"cannot resume: position {state['position']} outside this rank's epoch of {self.windows_per_epoch}")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._start = (self.epoch, self.position)
 
-# %% ../nbs/04_data.ipynb #ce60ba0a
+    def state_at(self, n_batches: int) -> dict:
+        "The state after `n_batches` batches counted from construction / the last `load_state_dict` (for DataLoaders that prefetch)."
+        pos = self._start[1] + n_batches * self.batch_size
+        return {**self.state_dict(), "epoch": self._start[0] + pos // self.windows_per_epoch, "position": pos % self.windows_per_epoch}
+
+# %% ../nbs/04_data.ipynb #6876166b
 _USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError)
 
 def _run_cli(parser, argv, body) -> int:

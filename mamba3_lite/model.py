@@ -6,7 +6,7 @@
 __all__ = ['PRESETS', 'ModelConfig', 'parameter_breakdown', 'closed_form_num_parameters', 'flops_per_token', 'SwiGLU',
            'Mamba3Layer', 'LMOutput', 'TiedLMHead', 'Mamba3Transformer', 'sample_next']
 
-# %% ../nbs/03_model.ipynb #ce925e81
+# %% ../nbs/03_model.ipynb #c0761c14
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from .block import Mamba3Block, RMSNorm, _fp32, _require, check_mixer_args, num_angles
 from .ssd import SSDState
 
-# %% ../nbs/03_model.ipynb #b06568c4
+# %% ../nbs/03_model.ipynb #f5720069
 @dataclass
 class ModelConfig:
     "Architecture and performance knobs of `Mamba3Transformer` (defaults: the ~434M preset 'a100-400m')."
@@ -99,7 +99,7 @@ PRESETS = {
     "a100-400m-mimo": {"is_mimo": True, "mimo_rank": 4, "d_ff": 1984},
 }
 
-# %% ../nbs/03_model.ipynb #907f7541
+# %% ../nbs/03_model.ipynb #4ed29770
 def parameter_breakdown(cfg: ModelConfig) -> dict:
     "Closed-form parameter counts (spec §5), item by item."
     d, d_in, H, N, P, G, R, S = (cfg.d_model, cfg.d_inner, cfg.n_heads, cfg.d_state, cfg.headdim, cfg.ngroups,
@@ -123,7 +123,7 @@ def closed_form_num_parameters(cfg: ModelConfig) -> int:
     "Total parameter count of Mamba3Transformer(cfg), tied weights once."
     return parameter_breakdown(cfg)["total"]
 
-# %% ../nbs/03_model.ipynb #ca9371c4
+# %% ../nbs/03_model.ipynb #5a0ff12c
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     "Training FLOPs per token: 6 * params + the SSD core's forward+backward (3x forward) FLOPs; see above."
     _require(isinstance(seq_len, int) and seq_len >= 1, "seq_len", f"expected a positive int, got {seq_len!r}")
@@ -134,7 +134,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
 
 ModelConfig.flops_per_token = flops_per_token
 
-# %% ../nbs/03_model.ipynb #83488ef5
+# %% ../nbs/03_model.ipynb #7576304c
 class SwiGLU(nn.Module):
     "fc1: d -> 2 d_ff = [value | gate]; out = fc2(value * silu(gate))."
     def __init__(self, d_model: int, d_ff: int):
@@ -187,7 +187,7 @@ class Mamba3Layer(nn.Module):
         x = x + y.to(x.dtype)
         return x + self.mlp(self.norm2(x)).to(x.dtype), state
 
-# %% ../nbs/03_model.ipynb #6118809f
+# %% ../nbs/03_model.ipynb #b4aece5a
 class LMOutput(NamedTuple):
     logits: torch.Tensor           # (b,T,V), or (b,num_last_tokens,V)
     loss: Optional[torch.Tensor]   # mean next-token cross-entropy when targets are given, else None
@@ -251,7 +251,7 @@ class Mamba3Transformer(nn.Module):
                 (decay if is_matrix else no_decay).append(p)
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
-# %% ../nbs/03_model.ipynb #6396409c
+# %% ../nbs/03_model.ipynb #24673f50
 def _check_ids(name: str, ids: torch.Tensor, ndim: int):
     if not isinstance(ids, torch.Tensor) or ids.dim() != ndim or ids.dtype not in (torch.long, torch.int32):
         shape = "(b, T)" if ndim == 2 else "(b,)"
@@ -296,7 +296,7 @@ def _forward(self: Mamba3Transformer, input_ids: torch.Tensor, targets: Optional
 Mamba3Transformer._backbone = _backbone
 Mamba3Transformer.forward = _forward
 
-# %% ../nbs/03_model.ipynb #1219ed51
+# %% ../nbs/03_model.ipynb #3cdf9418
 def _allocate_cache(self: Mamba3Transformer, batch_size: int, device=None) -> List[SSDState]:
     "A zero (empty-context) decode cache: one fp32 SSDState per layer."
     _require(isinstance(batch_size, int) and batch_size >= 1, "batch_size", f"expected an int >= 1, got {batch_size!r}")
@@ -331,7 +331,7 @@ Mamba3Transformer.allocate_cache = _allocate_cache
 Mamba3Transformer.prefill = _prefill
 Mamba3Transformer.step = _step
 
-# %% ../nbs/03_model.ipynb #01eb30c6
+# %% ../nbs/03_model.ipynb #e1305415
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
                 top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     "logits (b,V) -> token ids (b,) by greedy / temperature / top-k / nucleus sampling."

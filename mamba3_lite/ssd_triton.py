@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['ssd_triton']
 
-# %% ../nbs/01_ssd_triton.ipynb #1c259df1
+# %% ../nbs/01_ssd_triton.ipynb #a98b8848
 import math
 import os
 import warnings
@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .ssd import SSDState, angle_increment, rotate_pairs, ssd_chunked
+from .ssd import SSDState, rotate_pairs, ssd_chunked
 
-# %% ../nbs/01_ssd_triton.ipynb #3316476a
+# %% ../nbs/01_ssd_triton.ipynb #5e3afc15
 def _check_block_dims(P, N, chunk_size):
     "Raise a ValueError unless P (headdim), N (d_state) and chunk_size are powers of two in [16, 256]."
     for name, dim in (("P (headdim)", P), ("N (d_state)", N), ("chunk_size", chunk_size)):
@@ -25,7 +25,7 @@ def _check_block_dims(P, N, chunk_size):
             raise ValueError(f"ssd_triton: {name}={dim!r} must be a power of two in [16, 256]; "
                              f'use ssd_dispatch="pytorch" for this config.')
 
-# %% ../nbs/01_ssd_triton.ipynb #036dc704
+# %% ../nbs/01_ssd_triton.ipynb #9d8ef873
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"   # fixed when the kernels are defined
 
 @triton.jit
@@ -39,9 +39,10 @@ def _mm(a, b, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), input_precision=PREC)
 
 @triton.jit
-def _chunk_tiles(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, row, mt, p, j, phi_in, S,
+def _chunk_tiles(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, orow, mt, p, j, phi_in, S,
                  N: tl.constexpr, P: tl.constexpr, HAS_THETA: tl.constexpr):
-    "Load one chunk of one head (rows `row`, valid where `mt`) in fp32; angles Φ for the (L, N/2) pair tiles."
+    """Load one chunk of one head (rows `row`, valid where `mt`) in fp32, build the angles Φ of the (L, N/2) pair
+    tiles from the angle rates ω (rows `orow`) and Δ, and return B̃, C̃ (even and odd halves) with cos Φ, sin Φ."""
     mj = j < N // 2
     adt = tl.load(adt_ptr + row, mask=mt, other=0.)                                   # (L,)
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
@@ -54,22 +55,29 @@ def _chunk_tiles(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, row, m
     ce = tl.load(c_ptr + ev, mask=m2, other=0.).to(tl.float32)
     co = tl.load(c_ptr + ev + 1, mask=m2, other=0.).to(tl.float32)
     if HAS_THETA:
-        dl = tl.load(dlt_ptr + row[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
-        phi = _wrap(phi_in[None, :] + tl.cumsum(dl, axis=0))                        # (L, N/2), 0 for j >= S
+        om = tl.load(om_ptr + orow[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
+        dt = tl.load(dt_ptr + row, mask=mt, other=0.)
+        dl = dt[:, None] * om                                                        # δ = Δ·π·tanh(θ), (L, N/2)
+        phi = _wrap(phi_in[None, :] + tl.cumsum(dl, axis=0))                        # 0 for j >= S
     else:
+        om = tl.zeros_like(be)
+        dt = tl.zeros_like(adt)
         dl = tl.zeros_like(be)
         phi = tl.zeros_like(be)
-    return adt, sig, gam, x, be, bo, ce, co, dl, tl.cos(phi), tl.sin(phi)
+    cs, sn = tl.cos(phi), tl.sin(phi)
+    bte = be * cs - bo * sn; bto = be * sn + bo * cs                                 # rotated keys B̃
+    cte = ce * cs - co * sn; cto = ce * sn + co * cs                                 # rotated queries C̃
+    return adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn
 
-# %% ../nbs/01_ssd_triton.ipynb #a33f90f2
+# %% ../nbs/01_ssd_triton.ipynb #e0a4167c
 @triton.jit
-def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, d_ptr, h0_ptr, phi0_ptr,
-                    y_ptr, ht_ptr, phit_ptr, hs_ptr, phis_ptr, T, H, S, NC,
+def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, h0_ptr, phi0_ptr,
+                    y_ptr, ht_ptr, phit_ptr, hs_ptr, phis_ptr, T, H, S, NC, OM_H, om_hs,
                     L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, NH: tl.constexpr,
                     HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, HAS_H0: tl.constexpr, STORE: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     "Forward SSD of one (batch, head) over all chunks; grid (H, b). Tensors contiguous, (b, T, H, ...) layout."
-    ih, ib = tl.program_id(0), tl.program_id(1)
+    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
     bh = ib * H + ih
     t = tl.arange(0, L); p = tl.arange(0, P); j = tl.arange(0, NH)
     st = p[:, None] * N + 2 * j[None, :]                       # even columns of a (P, N) state
@@ -91,8 +99,9 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, d_p
         tt = c * L + t
         mt = tt < T
         row = (ib * T + tt) * H + ih
-        adt, sig, gam, x, be, bo, ce, co, dl, cs, sn = _chunk_tiles(
-            x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, row, mt, p, j, phi_c, S, N, P, HAS_THETA)
+        orow = (ib * T + tt) * OM_H + ih * om_hs                  # ω rows: shared by the heads or per head
+        adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn = _chunk_tiles(
+            x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, orow, mt, p, j, phi_c, S, N, P, HAS_THETA)
         if STORE:
             tl.store(hs_ptr + (bh * NC + c) * P * N + st, he, mask=mst)
             tl.store(hs_ptr + (bh * NC + c) * P * N + st + 1, ho, mask=mst)
@@ -100,9 +109,7 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, d_p
                 tl.store(phis_ptr + (bh * NC + c) * S + j, phi_c, mask=j < S)
         if HAS_THETA:
             phi_c = _wrap(phi_c + tl.sum(dl, axis=0))
-        bte = be * cs - bo * sn; bto = be * sn + bo * cs          # rotated keys B̃ (even, odd)
-        cte = ce * cs - co * sn; cto = ce * sn + co * cs          # rotated queries C̃
-        diag = gam * tl.sum(ce * be + co * bo, axis=1) + dskip    # γ (C·B) + D, rotation-free
+        diag = gam * tl.sum(cte * bte + cto * bto, axis=1) + dskip   # γ (C̃·B̃) + D, = γ (C·B) + D
         a = tl.cumsum(adt, axis=0)                                # chunk-local log-decay, <= 0
         a_last = tl.sum(adt, axis=0)
         g = (_mm(cte, tl.trans(bte * sig[:, None]), DOT_DTYPE, PREC)
@@ -121,16 +128,16 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, d_p
     if HAS_THETA:
         tl.store(phit_ptr + bh * S + j, phi_c, mask=j < S)
 
-# %% ../nbs/01_ssd_triton.ipynb #556364d3
+# %% ../nbs/01_ssd_triton.ipynb #03e4fa75
 @triton.jit
-def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, d_ptr, hs_ptr, phis_ptr,
+def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, hs_ptr, phis_ptr,
                     dy_ptr, dht_ptr, dphit_ptr,
-                    dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, ddlt_ptr, dd_ptr, dh0_ptr, dphi0_ptr,
-                    T, H, S, NC,
+                    dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dom_ptr, ddt_ptr, dd_ptr, dh0_ptr, dphi0_ptr,
+                    T, H, S, NC, OM_H, om_hs,
                     L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, NH: tl.constexpr,
                     HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     "Backward SSD of one (batch, head): reverse walk over the chunks carrying dH and the angle gradient; grid (H, b)."
-    ih, ib = tl.program_id(0), tl.program_id(1)
+    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
     bh = ib * H + ih
     t = tl.arange(0, L); p = tl.arange(0, P); j = tl.arange(0, NH)
     mj = j < N // 2
@@ -151,83 +158,83 @@ def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, d_p
         tt = c * L + t
         mt = tt < T
         row = (ib * T + tt) * H + ih
+        orow = (ib * T + tt) * OM_H + ih * om_hs                  # ω rows: shared by the heads or per head
         phi_c = tl.zeros((NH,), tl.float32)
         if HAS_THETA:
             phi_c = tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.)
-        adt, sig, gam, x, be, bo, ce, co, dl, cs, sn = _chunk_tiles(
-            x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, dlt_ptr, row, mt, p, j, phi_c, S, N, P, HAS_THETA)
-        hie = tl.load(hs_ptr + (bh * NC + c) * P * N + st, mask=mst, other=0.)    # H_in, even/odd
-        hio = tl.load(hs_ptr + (bh * NC + c) * P * N + st + 1, mask=mst, other=0.)
-        dy = tl.load(dy_ptr + row[:, None] * P + p[None, :], mask=mt[:, None], other=0.).to(tl.float32)
+        adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn = _chunk_tiles(
+            x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, orow, mt, p, j, phi_c, S, N, P, HAS_THETA)
         # recompute the forward quantities of this chunk
-        bte = be * cs - bo * sn; bto = be * sn + bo * cs
-        cte = ce * cs - co * sn; cto = ce * sn + co * cs
-        cb = tl.sum(ce * be + co * bo, axis=1)
+        cb = tl.sum(cte * bte + cto * bto, axis=1)                           # C̃·B̃ = C·B
         a = tl.cumsum(adt, axis=0)
         a_last = tl.sum(adt, axis=0)
         ea = tl.exp(a)
         dec = tl.exp(a_last)
         ek = tl.exp(a_last - a)
         wk = sig * ek
-        g = (_mm(cte, tl.trans(bte * sig[:, None]), DOT_DTYPE, PREC)
-             + _mm(cto, tl.trans(bto * sig[:, None]), DOT_DTYPE, PREC))
+        kse = bte * sig[:, None]; kso = bto * sig[:, None]                   # K = σ B̃
+        g = _mm(cte, tl.trans(kse), DOT_DTYPE, PREC) + _mm(cto, tl.trans(kso), DOT_DTYPE, PREC)
         a2 = a * 1.4426950408889634                              # log2 units: exp2 on the (L, L) tile
         w = tl.where(causal, tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)
         gw = g * w
+        dy = tl.load(dy_ptr + row[:, None] * P + p[None, :], mask=mt[:, None], other=0.).to(tl.float32)
         # dX: intra-chunk product, diagonal + skip, and the write into the chunk-end state
         dx = _mm(tl.trans(gw), dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy
         dx += wk[:, None] * (_mm(bte, tl.trans(dhe), DOT_DTYPE, PREC) + _mm(bto, tl.trans(dho), DOT_DTYPE, PREC))
         tl.store(dx_ptr + row[:, None] * P + p[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
+        # the masked product: dG, and the log-decay gradient of the mask (rows +, columns -)
         dgw = _mm(dy, tl.trans(x), DOT_DTYPE, PREC)                          # dL/d(G ⊙ W), (L, L)
         dg = dgw * w
         dww = dgw * gw                                                       # dL/dW ⊙ W
-        # queries: intra-chunk and the inter-chunk read
-        rde = _mm(dy, hie, DOT_DTYPE, PREC); rdo = _mm(dy, hio, DOT_DTYPE, PREC)    # dY H_in, (L, N/2)
-        dcte = _mm(dg, bte * sig[:, None], DOT_DTYPE, PREC) + ea[:, None] * rde
-        dcto = _mm(dg, bto * sig[:, None], DOT_DTYPE, PREC) + ea[:, None] * rdo
-        # keys: intra-chunk (weight σ) and the state write (weight κ = σ e^{a_last - a})
-        gke = _mm(tl.trans(dg), cte, DOT_DTYPE, PREC); gko = _mm(tl.trans(dg), cto, DOT_DTYPE, PREC)
-        ske = _mm(x, dhe, DOT_DTYPE, PREC); sko = _mm(x, dho, DOT_DTYPE, PREC)
-        dbte = sig[:, None] * gke + wk[:, None] * ske
-        dbto = sig[:, None] * gko + wk[:, None] * sko
-        wdot = tl.sum(bte * ske + bto * sko, axis=1)
-        dsig = tl.sum(bte * gke + bto * gko, axis=1) + ek * wdot
-        # log-decay: a_t enters W (rows +, columns -), the read e^{a_t} and the write e^{a_last - a_t}
-        r = wk * wdot
-        da = tl.sum(dww, axis=1) - tl.sum(dww, axis=0) - r + ea * tl.sum(cte * rde + cto * rdo, axis=1)
-        da_last = tl.sum(r, axis=0) + dec * tl.sum(tl.sum(dhe * hie + dho * hio, axis=1), axis=0)
-        dadt = tl.cumsum(da, axis=0, reverse=True) + da_last
-        # γ-diagonal and D skip
-        rdiag = tl.sum(dy * x, axis=1)
+        da = tl.sum(dww, axis=1) - tl.sum(dww, axis=0)
+        rdiag = tl.sum(dy * x, axis=1)                                       # γ-diagonal and D skip
         dd_acc += rdiag
         gd = rdiag * gam
-        # rotation backward (plus the diagonal's direct terms)
-        m2 = mt[:, None] & mj[None, :]
-        ev = row[:, None] * N + 2 * j[None, :]
-        tl.store(db_ptr + ev, (dbte * cs + dbto * sn + gd[:, None] * ce).to(db_ptr.dtype.element_ty), mask=m2)
-        tl.store(db_ptr + ev + 1, (dbto * cs - dbte * sn + gd[:, None] * co).to(db_ptr.dtype.element_ty), mask=m2)
-        tl.store(dc_ptr + ev, (dcte * cs + dcto * sn + gd[:, None] * be).to(dc_ptr.dtype.element_ty), mask=m2)
-        tl.store(dc_ptr + ev + 1, (dcto * cs - dcte * sn + gd[:, None] * bo).to(dc_ptr.dtype.element_ty), mask=m2)
-        tl.store(dadt_ptr + row, dadt, mask=mt)
+        # keys: the state write (weight κ = σ e^{a_last - a}) and the intra-chunk product (weight σ)
+        ske = _mm(x, dhe, DOT_DTYPE, PREC); sko = _mm(x, dho, DOT_DTYPE, PREC)      # X dH, (L, N/2)
+        wdot = tl.sum(bte * ske + bto * sko, axis=1)
+        gke = _mm(tl.trans(dg), cte, DOT_DTYPE, PREC); gko = _mm(tl.trans(dg), cto, DOT_DTYPE, PREC)
+        dbte = sig[:, None] * gke + wk[:, None] * ske + gd[:, None] * cte
+        dbto = sig[:, None] * gko + wk[:, None] * sko + gd[:, None] * cto
+        dsig = tl.sum(bte * gke + bto * gko, axis=1) + ek * wdot
+        # queries: the intra-chunk product and the inter-chunk read e^{a_t} C̃_t H_in
+        hie = tl.load(hs_ptr + (bh * NC + c) * P * N + st, mask=mst, other=0.)    # H_in, even/odd
+        hio = tl.load(hs_ptr + (bh * NC + c) * P * N + st + 1, mask=mst, other=0.)
+        rde = _mm(dy, hie, DOT_DTYPE, PREC); rdo = _mm(dy, hio, DOT_DTYPE, PREC)    # dY H_in, (L, N/2)
+        dcte = _mm(dg, kse, DOT_DTYPE, PREC) + ea[:, None] * rde + gd[:, None] * bte
+        dcto = _mm(dg, kso, DOT_DTYPE, PREC) + ea[:, None] * rdo + gd[:, None] * bto
+        # log-decay: the read e^{a_t}, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
+        r = wk * wdot
+        da += ea * tl.sum(cte * rde + cto * rdo, axis=1) - r
+        da_last = tl.sum(r, axis=0) + dec * tl.sum(tl.sum(dhe * hie + dho * hio, axis=1), axis=0)
+        tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
         tl.store(dsig_ptr + row, dsig, mask=mt)
         tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
-        if HAS_THETA:
-            dphi = dbto * bte - dbte * bto + dcto * cte - dcte * cto                # (L, N/2)
-            ddl = tl.cumsum(dphi, axis=0, reverse=True) + gphi[None, :]
-            gphi += tl.sum(dphi, axis=0)
-            tl.store(ddlt_ptr + row[:, None] * S + j[None, :], ddl, mask=mt[:, None] & (j < S)[None, :])
         # carry dH to the previous chunk
         dyea = dy * ea[:, None]
         dhe = dec * dhe + _mm(tl.trans(dyea), cte, DOT_DTYPE, PREC)
         dho = dec * dho + _mm(tl.trans(dyea), cto, DOT_DTYPE, PREC)
+        # angles (the diagonal's terms cancel here: C̃·B̃ does not depend on Φ), then rotate the gradients back
+        if HAS_THETA:
+            dphi = dbto * bte - dbte * bto + dcto * cte - dcte * cto                # (L, N/2)
+            ddl = tl.cumsum(dphi, axis=0, reverse=True) + gphi[None, :]                # dL/dδ
+            gphi += tl.sum(dphi, axis=0)
+            tl.store(dom_ptr + row[:, None] * S + j[None, :], ddl * dt[:, None], mask=mt[:, None] & (j < S)[None, :])
+            tl.store(ddt_ptr + row, tl.sum(ddl * om, axis=1), mask=mt)                  # ω = 0 for j >= S
+        m2 = mt[:, None] & mj[None, :]
+        ev = row[:, None] * N + 2 * j[None, :]
+        tl.store(db_ptr + ev, (dbte * cs + dbto * sn).to(db_ptr.dtype.element_ty), mask=m2)
+        tl.store(db_ptr + ev + 1, (dbto * cs - dbte * sn).to(db_ptr.dtype.element_ty), mask=m2)
+        tl.store(dc_ptr + ev, (dcte * cs + dcto * sn).to(dc_ptr.dtype.element_ty), mask=m2)
+        tl.store(dc_ptr + ev + 1, (dcto * cs - dcte * sn).to(dc_ptr.dtype.element_ty), mask=m2)
     tl.store(dh0_ptr + bh * P * N + st, dhe, mask=mst)
     tl.store(dh0_ptr + bh * P * N + st + 1, dho, mask=mst)
     if HAS_THETA:
         tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
     tl.store(dd_ptr + bh, tl.sum(dd_acc, axis=0))
 
-# %% ../nbs/01_ssd_triton.ipynb #74bb798f
-_DEFAULT_CONFIG = {"fwd": dict(num_warps=4, num_stages=1), "bwd": dict(num_warps=8, num_stages=1)}
+# %% ../nbs/01_ssd_triton.ipynb #c037672d
+_DEFAULT_CONFIG = {"fwd": dict(num_warps=8, num_stages=1), "bwd": dict(num_warps=8, num_stages=1)}
 
 def _env_int(name):
     "Integer value of env var `name`, or None when unset."
@@ -244,7 +251,7 @@ def _launch_config(kind):
         if val is not None: cfg[key] = val
     return cfg
 
-# %% ../nbs/01_ssd_triton.ipynb #fd5d36c3
+# %% ../nbs/01_ssd_triton.ipynb #b17acc42
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def _dot_dtype(dtype):
@@ -255,9 +262,10 @@ class _SSDCore(torch.autograd.Function):
     "Fused chunked SSD: forward and backward in Triton."
 
     @staticmethod
-    def forward(ctx, x, B, C, adt, sig, gam, dlt, D, h0, phi0, chunk_size, precision, store):
+    def forward(ctx, x, B, C, adt, sig, gam, om, dt, D, h0, phi0, chunk_size, precision, store):
         b, T, H, P = x.shape
-        N, S = B.shape[-1], (0 if dlt is None else dlt.shape[-1])
+        N, S = B.shape[-1], (0 if om is None else om.shape[-1])
+        OM_H = 1 if om is None else om.shape[2]
         NC = triton.cdiv(T, chunk_size)
         f32 = dict(device=x.device, dtype=torch.float32)
         y = torch.empty_like(x)
@@ -266,39 +274,44 @@ class _SSDCore(torch.autograd.Function):
         hs = torch.empty(b, H, NC, P, N, **f32) if store else ht        # H_in per chunk, for the backward
         phis = torch.empty(b, H, NC, S, **f32) if store else phit       # angle carry per chunk
         _ssd_fwd_kernel[(H, b)](
-            x, B, C, adt, sig, gam, adt if dlt is None else dlt, adt if D is None else D,
+            x, B, C, adt, sig, gam, adt if om is None else om, dt, adt if D is None else D,
             adt if h0 is None else h0, adt if phi0 is None else phi0, y, ht, phit, hs, phis, T, H, S, NC,
-            L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=dlt is not None, HAS_D=D is not None,
+            OM_H, int(OM_H > 1),
+            L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_D=D is not None,
             HAS_H0=h0 is not None, STORE=store, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision,
             **_launch_config("fwd"))
-        if store: ctx.save_for_backward(x, B, C, adt, sig, gam, dlt, D, hs, phis)
+        if store: ctx.save_for_backward(x, B, C, adt, sig, gam, om, dt, D, hs, phis)
         ctx.cfg = (chunk_size, precision, h0 is not None, phi0 is not None)
         return y, ht, phit
 
     @staticmethod
     def backward(ctx, dy, dht, dphit):
-        x, B, C, adt, sig, gam, dlt, D, hs, phis = ctx.saved_tensors
+        x, B, C, adt, sig, gam, om, dt, D, hs, phis = ctx.saved_tensors
         chunk_size, precision, has_h0, has_phi0 = ctx.cfg
         b, T, H, P = x.shape
-        N, S = B.shape[-1], (0 if dlt is None else dlt.shape[-1])
+        N, S = B.shape[-1], (0 if om is None else om.shape[-1])
+        OM_H = 1 if om is None else om.shape[2]
         f32 = dict(device=x.device, dtype=torch.float32)
         dy = dy.contiguous()
         dht = torch.zeros(b, H, P, N, **f32) if dht is None else dht.float().contiguous()
         dphit = torch.zeros(b, H, S, **f32) if dphit is None else dphit.float().contiguous()
         dx, dB, dC = torch.empty_like(x), torch.empty_like(B), torch.empty_like(C)
         dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
-        ddlt = dadt if dlt is None else torch.empty(b, T, H, S, **f32)
+        dom = dadt if om is None else torch.empty(b, T, H, S, **f32)         # per head; summed below if shared
+        ddt = torch.zeros(b, T, H, **f32)                                    # the angle path's share of dΔ
         dD, dh0, dphi0 = torch.empty(b, H, **f32), torch.empty(b, H, P, N, **f32), torch.zeros(b, H, S, **f32)
         _ssd_bwd_kernel[(H, b)](
-            x, B, C, adt, sig, gam, adt if dlt is None else dlt, adt if D is None else D, hs, phis, dy, dht, dphit,
-            dx, dB, dC, dadt, dsig, dgam, ddlt, dD, dh0, dphi0, T, H, S, triton.cdiv(T, chunk_size),
-            L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=dlt is not None, HAS_D=D is not None,
+            x, B, C, adt, sig, gam, adt if om is None else om, dt, adt if D is None else D, hs, phis, dy, dht, dphit,
+            dx, dB, dC, dadt, dsig, dgam, dom, ddt, dD, dh0, dphi0, T, H, S, triton.cdiv(T, chunk_size),
+            OM_H, int(OM_H > 1),
+            L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_D=D is not None,
             DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, **_launch_config("bwd"))
-        return (dx, dB, dC, dadt, dsig, dgam, None if dlt is None else ddlt,
+        if om is not None and OM_H == 1: dom = dom.sum(2, keepdim=True)       # ω shared by the heads
+        return (dx, dB, dC, dadt, dsig, dgam, None if om is None else dom, None if om is None else ddt,
                 None if D is None else dD.sum(0).to(D.dtype), dh0 if has_h0 else None,
                 dphi0 if has_phi0 else None, None, None, None)
 
-# %% ../nbs/01_ssd_triton.ipynb #6cd4573d
+# %% ../nbs/01_ssd_triton.ipynb #4093ba7f
 _MIMO_WARNED = False
 
 def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision):
@@ -351,11 +364,10 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision)
     b, T, H, P = x.shape
     adt, gam, eps, sig = _scan_scalars(dt, A, lam)
-    dlt = None
+    om = None                                                             # angle rates ω = π·tanh(θ), (b, T, 1|H, S)
     if theta is not None:
-        th = theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :].expand(b, T, H, theta.shape[-1])
-        dlt = angle_increment(dt.float(), th).contiguous()                  # (b, T, H, S)
-    S = 0 if dlt is None else dlt.shape[-1]
+        om = (math.pi * torch.tanh(theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :])).contiguous()
+    S = 0 if om is None else om.shape[-1]
     h0 = phi0 = None
     if initial_state is not None:
         angle, h, k, v = initial_state
@@ -366,7 +378,7 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     ins = [x, dt, A, B, C, lam, theta, D] + ([] if initial_state is None else list(initial_state))
     store = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ins)
     prec = precision if x.dtype == torch.float32 else "ieee"              # input_precision only means something for fp32
-    y, ht, phit = _SSDCore.apply(x.contiguous(), B.contiguous(), C.contiguous(), adt, sig, gam, dlt, Df, h0, phi0,
-                                 chunk_size, prec, store)
+    y, ht, phit = _SSDCore.apply(x.contiguous(), B.contiguous(), C.contiguous(), adt, sig, gam, om,
+                                 dt.float().contiguous(), Df, h0, phi0, chunk_size, prec, store)
     k_last = rotate_pairs(B[:, -1].float(), phit)                            # B̃_{T-1}, unscaled
     return y, SSDState(phit, ht, k_last, x[:, -1].float())

@@ -71,7 +71,7 @@ def test_windows_equal_flat_slices_spanning_small_shards(tmp_path, seed):
         for x, y in xs:  # the readers agree with each other, with the flat stream and with the reference stitch
             assert torch.equal(x, tokens[i * L:i * L + L]) and torch.equal(y, tokens[i * L + 1:i * L + L + 1])
             assert torch.equal(y[:-1], x[1:])
-        xn, yn = window_naive(shards, cuts[:-1], i, L)
+        xn, yn = window_naive(shards, cuts[:-1], [len(s) for s in shards], i, L)
         assert torch.equal(xs[3][0], xn) and torch.equal(xs[3][1], yn)
 
 
@@ -402,8 +402,13 @@ def test_prepare_val_tokens_whole_documents_and_rerun(tmp_path):
     assert mv["n_tokens"] - (len(enc.encode_ordinary(va[-1])) + 1) < 150  # ... stopping as soon as N is reached
     # rerun: nothing rewritten; lose a shard: only that one is rewritten; stale extra shard removed
     mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "train").glob("shard_*.bin")}
-    res = prepare_corpus([tmp_path / "c"], out, **kw)
+    mf_time = (out / "train" / "manifest.json").stat().st_mtime_ns
+    res = prepare_corpus([tmp_path / "c"], out, **kw)  # complete and unchanged: returns without writing anything
     assert res["stats"]["train"] == {"written": 0, "skipped": len(mtimes), "removed": 0}
+    assert (out / "train" / "manifest.json").stat().st_mtime_ns == mf_time
+    res = prepare_corpus([tmp_path / "c"], out, **{**kw, "val_tokens": 151})  # other settings: a real run
+    assert (out / "train" / "manifest.json").stat().st_mtime_ns != mf_time
+    res = prepare_corpus([tmp_path / "c"], out, **kw)
     (out / "train" / "shard_000002.bin").unlink()
     (out / "train" / "shard_999999.bin").write_bytes(b"stale")
     res = prepare_corpus([tmp_path / "c"], out, **kw)
@@ -453,3 +458,25 @@ def test_stdlib_corpus_files():
     names = {f.name for f in files}
     assert len(files) > 300 and "os.py" in names and "bisect.py" in names
     assert not any(part in ("test", "tests", "idle_test", "site-packages") for f in files for part in f.parts)
+
+
+@pytest.mark.parametrize("ctx,workers", [("fork", 2), ("spawn", 1)])
+def test_dataloader_workers_and_resume_with_state_at(tmp_path, ctx, workers):
+    """Worker processes (forked, or spawned: the dataset pickles as its constructor call) give the same batches, and
+    state_at(batches consumed) resumes exactly even though the loader draws batches ahead."""
+    tokens = _tokens(3000)
+    ds = PretrainDataset(_layouts(tmp_path, tokens, [0, 700, 1500, 3000])[3], 16, 128)
+
+    def run(sampler, k, nw):
+        dl = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=nw,
+                                         multiprocessing_context=ctx if nw else None)
+        return [x for x, _ in islice(iter(dl), k)]
+
+    want = run(WindowSampler(len(ds), 8, True, seed=5), 20, 0)
+    a = WindowSampler(len(ds), 8, True, seed=5)
+    got = run(a, 7, workers)
+    assert a.state_dict() != a.state_at(7)  # the loader ran ahead
+    b = WindowSampler(len(ds), 8, True, seed=5)
+    b.load_state_dict(a.state_at(7))
+    got += run(b, 13, 0)
+    assert all(torch.equal(u, v) for u, v in zip(got, want)) and len(got) == 20

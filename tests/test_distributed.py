@@ -35,25 +35,34 @@ def losses(run_dir):
     return out
 
 
-def test_two_gloo_ranks_match_one_process(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    one = cfg_file(tmp_path / "one.yaml", tmp_path / "one", micro_batch=4)
-    two = cfg_file(tmp_path / "two.yaml", tmp_path / "two", micro_batch=2)
-    r1 = subprocess.run([sys.executable, "-m", "mamba3_lite.train", "--config", str(one)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
-    assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
-                         "-m", "mamba3_lite.train", "--config", str(two)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
-    assert r2.returncode == 0, r2.stderr[-3000:]
-    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+def run(args, env):
+    r = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def assert_same_run(one, two):
+    a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for s in a:
         assert abs(a[s] - b[s]) <= 1e-5 * abs(a[s]), (s, a[s], b[s])
-    wa, wb = load_file(tmp_path / "one" / "model_step_4.safetensors"), load_file(tmp_path / "two" / "model_step_4.safetensors")
+    wa, wb = load_file(one / "model_step_4.safetensors"), load_file(two / "model_step_4.safetensors")
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=2e-5, msg=k)
-    # rank 0 alone wrote the run: one metrics file, one set of checkpoint files, data positions of both ranks
-    meta = json.loads((tmp_path / "two" / "meta_step_4.json").read_text())
-    assert [p["rank"] for p in meta["data_position"]] == [0, 1]
+
+
+def test_two_gloo_ranks_match_one_process(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    run(["mamba3_lite.train", "--config", str(cfg_file(tmp_path / "one.yaml", tmp_path / "one", micro_batch=4))], env)
+    for engine in ("ddp", "fsdp"):
+        f = cfg_file(tmp_path / f"{engine}.yaml", tmp_path / engine, micro_batch=2, parallel=engine)
+        run(["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mamba3_lite.train", "--config", str(f)], env)
+        assert_same_run(tmp_path / "one", tmp_path / engine)
+        # rank 0 alone wrote the run, with the data positions of both ranks
+        meta = json.loads((tmp_path / engine / "meta_step_4.json").read_text())
+        assert [p["rank"] for p in meta["data_position"]] == [0, 1]
+    # an FSDP run resumes from its own (full-tensor) checkpoint
+    r = run(["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mamba3_lite.train", "--config",
+             str(tmp_path / "fsdp.yaml"), "--max-steps", "5"], env)
+    assert "[resume] from checkpoint step 4" in r.stdout and "done: steps 4->5" in r.stdout

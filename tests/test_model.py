@@ -87,6 +87,16 @@ def test_presets_count_exactly(name):
         assert model.num_parameters() == expected[name]
 
 
+def test_config_round_trips_through_a_dict():
+    import dataclasses
+
+    cfg = ModelConfig.from_preset("tiny-mimo", grad_checkpoint=True)
+    assert ModelConfig(**dataclasses.asdict(cfg)) == cfg
+    assert dataclasses.replace(cfg, chunk_size=64).chunk_size == 64
+    with pytest.raises(ValueError, match="chunk_size"):
+        dataclasses.replace(cfg, chunk_size=33)                     # validation runs again
+
+
 def test_flops_per_token_counts_the_ssd_extra():
     cfg = ModelConfig()
     assert flops_per_token(cfg, 2048) == cfg.flops_per_token(2048) == 6 * 434_359_040 + 3 * 28 * 32 * 57_344
@@ -221,6 +231,9 @@ def test_generate_edge_cases():
     torch.manual_seed(0)
     model = Mamba3Transformer(ModelConfig.from_preset("tiny"))
     prompt = torch.randint(0, 50257, (2, 4))
+    one = prompt[:, :1]                                      # a one-token prompt: prefill of T = 1
+    slow = torch.cat([one, model(one).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(model.generate(one, 1, temperature=0), slow)
     assert torch.equal(model.generate(prompt, 0), prompt)
     out = model.generate(prompt, 5, top_k=1)                # top_k = 1 is greedy
     assert torch.equal(out, model.generate(prompt, 5, temperature=0))

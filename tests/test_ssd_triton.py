@@ -100,6 +100,22 @@ def test_no_grad_inference_matches():
     assert nmax(y, y_ref) <= 1e-4 and nmax(st.h, st_ref.h) <= 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_dtype_plumbing(dtype):
+    """Half-precision x, B, C load, store and come back in their dtype (y, dx, dB, dC). In the interpreter the dots
+    are upcast to fp32, so this checks the plumbing, not bf16 tl.dot accuracy (that is the GPU test below)."""
+    kw, state = case(37, 4, True, seed=31)
+    kw16 = {k: v.to(dtype) if k in ("x", "B", "C") else v for k, v in kw.items()}
+    kw32 = {k: v.float() for k, v in kw16.items()}
+    y16, s16 = ssd_triton(**kw16, initial_state=state, chunk_size=16)
+    y32, s32 = ssd_chunked(**kw32, initial_state=state, chunk_size=16)
+    assert y16.dtype == dtype and s16.h.dtype == torch.float32
+    assert nmax(y16, y32) <= 1e-2 and nmax(s16.h, s32.h) <= 1e-4
+    g16, g32 = grads(ssd_triton, kw16, state, 16), grads(ssd_chunked, kw32, state, 16)
+    assert all(g16[k].dtype == dtype for k in ("x", "B", "C"))
+    assert_grads_close(g16, g32, 1e-2)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tl.dot is only meaningful on a GPU")
 def test_bf16_against_fp32_reference_on_rounded_inputs():
     kw, state = case(300, 32, True, seed=21, b=2, H=4, P=64, N=128)
