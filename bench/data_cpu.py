@@ -62,6 +62,8 @@ def bench_spanning(L, n_windows, tmp):
         offsets = [k * shard_len for k in range(n_shards)]
         sizes = [shard_len] * n_shards
         ds_ref, ds_ours = PretrainDataset(d_ref, L, GPT2_VOCAB_SIZE), PretrainDataset(d_ours, L, GPT2_VOCAB_SIZE)
+        del shards  # the reference reads its shards as the reference loads them: torch.load(..., mmap=True)
+        shards = [torch.load(p, weights_only=True, mmap=True) for p in sorted(d_ref.glob("shard_*.bin"))]
         n = min(n_windows, len(ds_ours))
         spans = [k for k in range(n) if (k * L) // shard_len != (k * L + L) // shard_len]
         m = len(spans)
@@ -75,7 +77,8 @@ def bench_spanning(L, n_windows, tmp):
             assert torch.equal(window_naive(shards, offsets, sizes, i, L)[0], ds_ours[i][0])
         rows.append((shard_len, m, t_naive, t_fn, t_ref, t_ours))
     print(f"\n1. spanning-window fetch, L={L}: only windows that cross a shard boundary; CPU us per window, best of 5 interleaved")
-    print("   list stitch = the reference's .tolist() stitch (window_naive) on int64 shards; window_fast = our stitch on the same")
+    print("   list stitch = the reference's .tolist() stitch (window_naive) on its torch.load(mmap=True) int64 shards; window_fast =")
+    print("   our stitch on the same")
     print("   shards; dataset = PretrainDataset[i] (bounds check, id check, page-release bookkeeping) on the reference-format")
     print("   directory (torch.save'd int64) and on our uint16 shards")
     print(f"{'shard len':>10} {'windows':>8} {'list stitch':>12} {'window_fast':>12} {'dataset int64':>14} {'dataset uint16':>15} "

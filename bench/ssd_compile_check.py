@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from mamba3_lite import ssd_triton as kern  # noqa: E402
 
 HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "db_ptr", "dc_ptr")
-INTS = ("T", "H", "S", "NC", "OM_H", "om_hs")
+INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG")
 
 
 def signature(fn, dtype, constexprs):
@@ -51,15 +51,16 @@ def ptxas_report(ptx, arch):
                 spill_load_bytes=num(r"(\d+) bytes spill loads"), stack_bytes=num(r"(\d+) bytes stack frame"))
 
 
-def compile_kernel(kind, dtype, L, P, N, warps, stages, arch):
+def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True):
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
-    common = dict(L=L, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=True, HAS_D=True, DOT_DTYPE=dot, PREC="ieee")
+    common = dict(L=L, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, DOT_DTYPE=dot,
+                  PREC="ieee")
     fn, consts = ((kern._ssd_fwd_kernel, dict(common, HAS_H0=True, STORE=True)) if kind == "fwd"
                   else (kern._ssd_bwd_kernel, common))
     t0 = time.perf_counter()
     ck = triton.compile(ASTSource(fn=fn, signature=signature(fn, dtype, consts), constexprs=consts),
                         target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
-    return dict(kernel=kind, dtype=dtype, L=L, P=P, N=N, num_warps=warps, num_stages=stages, arch=arch,
+    return dict(kernel=kind, dtype=dtype, L=L, P=P, N=N, num_warps=warps, num_stages=stages, arch=arch, bias=bias,
                 shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
                 **ptxas_report(ck.asm["ptx"], arch))
 
@@ -73,26 +74,33 @@ def main(argv=None):
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"])
     p.add_argument("--P", type=int, default=64)
     p.add_argument("--N", type=int, default=128)
+    p.add_argument("--bias", default="both", choices=["on", "off", "both"],
+                   help="compile the shared-B/C + bias variant (HAS_BIAS), the per-head one, or both")
     p.add_argument("--out", default=None, help="directory for ssd_compile_check.json (default: $OUT if set)")
     a = p.parse_args(argv)
     rows, failed = [], False
     print(f"triton {triton.__version__}, sm_{a.arch}a, P={a.P} N={a.N}, num_stages={a.stages}")
-    print(f"{'kernel':6} {'dtype':5} {'L':>4} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'smem KiB':>8} {'compile s':>9}")
+    print(f"{'kernel':6} {'dtype':5} {'bias':4} {'L':>4} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'smem KiB':>8} "
+          f"{'compile s':>9}")
+    biases = {"on": (True,), "off": (False,), "both": (False, True)}[a.bias]
     for dtype in a.dtype:
-        for L in a.chunk:
-            for warps in a.warps:
-                for kind in ("fwd", "bwd"):
-                    try:
-                        r = compile_kernel(kind, dtype, L, a.P, a.N, warps, a.stages, a.arch)
-                    except Exception as e:  # a compile error is the finding: report it and fail at the end
-                        failed = True
-                        r = dict(kernel=kind, dtype=dtype, L=L, num_warps=warps, error=f"{type(e).__name__}: {e}"[:2000])
-                        print(f"{kind:6} {dtype:5} {L:4} {warps:5} COMPILE ERROR {r['error'][:300]}")
+        for bias in biases:
+            for L in a.chunk:
+                for warps in a.warps:
+                    for kind in ("fwd", "bwd"):
+                        head = f"{kind:6} {dtype:5} {'yes' if bias else 'no':4} {L:4} {warps:5}"
+                        try:
+                            r = compile_kernel(kind, dtype, L, a.P, a.N, warps, a.stages, a.arch, bias)
+                        except Exception as e:  # a compile error is the finding: report it and fail at the end
+                            failed = True
+                            r = dict(kernel=kind, dtype=dtype, L=L, num_warps=warps, bias=bias,
+                                     error=f"{type(e).__name__}: {e}"[:2000])
+                            print(f"{head} COMPILE ERROR {r['error'][:300]}")
+                            rows.append(r)
+                            continue
                         rows.append(r)
-                        continue
-                    rows.append(r)
-                    print(f"{kind:6} {dtype:5} {L:4} {warps:5} {r['registers']:5} "
-                          f"{r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} {r['shared_bytes'] / 1024:8.0f} {r['compile_s']:9.1f}")
+                        print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
+                              f"{r['shared_bytes'] / 1024:8.0f} {r['compile_s']:9.1f}")
     out = a.out or os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

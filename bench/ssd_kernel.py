@@ -7,10 +7,11 @@
    events around the call only; peak memory above the inputs; achieved TFLOP/s on the nominal SSD FLOP count; %
    of the roofline lower bound; every peer's time divided by ours (> 1: we are faster).
 
-Peers: `ssd_chunked` eager and under `torch.compile`; fla's `chunk_simple_gla` on the Mamba-2-reducible case (λ ≡ 1,
-no rotation: q=C, k=B per head, v=x·Δ, g=A·Δ, scale 1; our kernel runs the same case for the ratio) if `fla`
-imports; the official `mamba3_siso_combined` if it imports (it takes shared B/C plus per-head biases, i.e. less
-input traffic than our per-head-B/C interface).
+Ours runs with per-head B/C (the `ssd_chunked` contract) and with shared B/C plus per-head biases (the extension
+the block can use). Peers: `ssd_chunked` eager and under `torch.compile`; fla's `chunk_simple_gla` on the
+Mamba-2-reducible case (λ ≡ 1, no rotation: q=C, k=B per head, v=x·Δ, g=A·Δ, scale 1; our kernel runs the same case
+for the ratio) if `fla` imports; the official `mamba3_siso_combined` if it imports (shared B/C plus per-head biases,
+compared with ours on the same interface).
 
     python bench/ssd_kernel.py                    # full run (GPU), writes $OUT or bench/results/
     python bench/ssd_kernel.py --smoke            # one shape, fewer reps, no torch.compile
@@ -154,13 +155,20 @@ def official_args(b, T, H, P, N, S, device, dtype, seed=0):
     return {k: v.to(device=device, dtype=dtype if k in half else torch.float32) for k, v in args.items()}
 
 
-def official_as_ours(a, dtype):
-    "The same model in ssd_triton's per-head interface (bias added, sigmoid and the (b, T, H) layout applied)."
+def official_as_ours(a):
+    "The same model in ssd_triton's shared-B/C interface (biases in the kernel; sigmoid and (b, T, H) layout applied)."
     tr = lambda t: t.transpose(1, 2).contiguous()
     dt = tr(a["DT"])
-    return dict(x=a["V"], dt=dt, A=tr(a["ADT"]) / dt, B=(a["K"].float() + a["K_bias"]).to(dtype),
-                C=(a["Q"].float() + a["Q_bias"]).to(dtype), lam=torch.sigmoid(tr(a["Trap"])),
-                theta=a["Angles"][:, :, 0].float(), D=a["D"])
+    return dict(x=a["V"], dt=dt, A=tr(a["ADT"]) / dt, B=a["K"], C=a["Q"], B_bias=a["K_bias"], C_bias=a["Q_bias"],
+                lam=torch.sigmoid(tr(a["Trap"])), theta=a["Angles"][:, :, 0].float(), D=a["D"])
+
+
+def shared_inputs(kw, seed=0):
+    "kw with B, C shared by the heads (G = 1) plus N(0, 1) per-head biases: the interface the block can use."
+    H, N = kw["x"].shape[2], kw["B"].shape[-1]
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    bias = lambda: torch.randn(H, N, generator=g).to(kw["x"].device)
+    return dict(kw, B=kw["B"][:, :, :1].contiguous(), C=kw["C"][:, :, :1].contiguous(), B_bias=bias(), C_bias=bias())
 
 
 # ---------------------------------------------------------------- correctness gate
@@ -216,7 +224,7 @@ def gate(device, interp, has_fla, has_official):
     if has_official:
         oa = official_args(shape["b"], shape["T"], shape["H"], shape["P"], shape["N"], shape["S"], device, torch.bfloat16)
         peer_check("official mamba3_siso_combined vs ours (bf16)", 5e-2,
-                   lambda: nmax(OFFICIAL(**oa, chunk_size=L), ssd_triton(**official_as_ours(oa, torch.bfloat16), chunk_size=L)[0]))
+                   lambda: nmax(OFFICIAL(**oa, chunk_size=L), ssd_triton(**official_as_ours(oa), chunk_size=L)[0]))
     return [(name, val, bound, bool(val <= bound)) for name, val, bound in rows]
 
 
@@ -230,6 +238,7 @@ def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok):
     ours = lambda **k: ssd_triton(**k, chunk_size=L)[0]
     cands = {
         "ours": (ours, kw),
+        "ours (shared B/C + bias)": (ours, shared_inputs(kw)),
         "ours (Mamba-2 case)": (lambda **k: ssd_triton(**k, chunk_size=L)[0], m2) if fla_ok else None,
         "ssd_chunked eager": (lambda **k: ssd_chunked(**k, chunk_size=L)[0], kw) if sh.get("eager", True) else None,
         "ssd_chunked compiled": (lambda **k: COMPILED(**k, chunk_size=L)[0], kw) if sh.get("compile") else None,
@@ -277,7 +286,9 @@ def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok):
                                     if "fwd_ms" in row else row["error"]), flush=True)
     best = {r["candidate"]: r for r in rows if "fwd_ms" in r}
     for r in rows:
-        ref = best.get("ours (Mamba-2 case)" if "Mamba-2" in r["candidate"] else "ours")
+        name = r["candidate"]
+        ref = best.get("ours (Mamba-2 case)" if "Mamba-2" in name else
+                       "ours (shared B/C + bias)" if name.startswith("official") else "ours")
         if "fwd_ms" in r and ref:
             r["fwd_ratio_vs_ours"] = r["fwd_ms"] / ref["fwd_ms"]
             r["fwdbwd_ratio_vs_ours"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
@@ -289,7 +300,8 @@ def markdown(meta, gate_rows, results):
            f"torch {meta['torch']}, triton {meta['triton']}, dtype {meta['dtype']}, mode {meta['mode']}", "",
            "## Correctness gate", "", "| check | value | bound | ok |", "|---|---|---|---|"]
     out += [f"| {n} | {v:.2e} | {b:.0e} | {'yes' if ok else '**NO**'} |" for n, v, b, ok in gate_rows]
-    out += ["", "## Timings (median ms; ratio = peer / ours, > 1 means ours is faster)", "",
+    out += ["", "## Timings (median ms; ratio = peer / ours, > 1 means ours is faster; fla is compared with ours on "
+            "the same Mamba-2 case, the official kernel with ours on the same shared-B/C + bias interface)", "",
             "| shape | candidate | fwd ms | fwd TFLOP/s | fwd % roofline | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd % roofline "
             "| peak MiB fwd / fwd+bwd | ratio fwd | ratio fwd+bwd |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, fmt: "—" if v is None else format(v, fmt)

@@ -7,7 +7,7 @@ __all__ = ['TMP_SUFFIX', 'FORMAT', 'RESUME_KEYS', 'CheckpointWarning', 'temp_pat
            'seal', 'atomic_write', 'check_json', 'capture_rng_state', 'restore_rng_state', 'strip_compile_prefix',
            'unwrap_compiled', 'independent_tensors', 'CheckpointCorruptError', 'CheckpointManager']
 
-# %% ../nbs/05_checkpoint.ipynb #efe6a88d
+# %% ../nbs/05_checkpoint.ipynb #b3cc3ac1
 import base64
 import contextlib
 import hashlib
@@ -30,7 +30,7 @@ import mamba3_lite
 class CheckpointWarning(UserWarning):
     "Every warning this module emits: torn/corrupt steps skipped, lenient loads, missing optimizer state."
 
-# %% ../nbs/05_checkpoint.ipynb #62240464
+# %% ../nbs/05_checkpoint.ipynb #ea3a7391
 TMP_SUFFIX = ".tmp"
 
 def temp_path(path) -> Path:
@@ -74,7 +74,7 @@ def atomic_write(path, write_fn, sync_dir=True) -> dict:
     if sync_dir: fsync_dir(path.parent)
     return {**rec, "name": path.name}
 
-# %% ../nbs/05_checkpoint.ipynb #f70448a5
+# %% ../nbs/05_checkpoint.ipynb #2402c8a7
 def check_json(obj, where="extra_meta"):
     "Raise `ValueError` naming the first value under `obj` that would not round-trip through strict JSON."
     if obj is None or isinstance(obj, (bool, str)): return
@@ -94,7 +94,7 @@ def check_json(obj, where="extra_meta"):
     hint = " (convert with .tolist() or .item())" if isinstance(obj, (torch.Tensor, np.ndarray, np.generic)) else ""
     raise ValueError(f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, not JSON{hint}")
 
-# %% ../nbs/05_checkpoint.ipynb #834c9aec
+# %% ../nbs/05_checkpoint.ipynb #6ecd37d2
 def _b64(t: torch.Tensor) -> str: return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
 def _unb64(s: str) -> torch.Tensor: return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
 
@@ -125,7 +125,7 @@ def restore_rng_state(state: dict):
                           f"process has {torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA devices; "
                           "CUDA generators not restored", CheckpointWarning)
 
-# %% ../nbs/05_checkpoint.ipynb #744e87ba
+# %% ../nbs/05_checkpoint.ipynb #57c028ee
 _COMPILE_PREFIX = re.compile(r"(^|\.)_orig_mod\.")
 
 def strip_compile_prefix(key: str) -> str:
@@ -149,7 +149,7 @@ def independent_tensors(state: dict) -> dict:
         seen.add(ptr)
     return out
 
-# %% ../nbs/05_checkpoint.ipynb #08da5690
+# %% ../nbs/05_checkpoint.ipynb #033e3f32
 FORMAT = "mamba3-lite-checkpoint/1"
 RESUME_KEYS = ("scheduler", "opt_steps", "tokens_seen", "data_position", "config")
 _RESERVED = ("files", "format", "version")
@@ -215,7 +215,7 @@ class CheckpointManager:
             elif self._digest(p)["sha256"] != rec["sha256"]: out.append(f"{p}: SHA-256 differs from meta (corrupt)")
         return out
 
-# %% ../nbs/05_checkpoint.ipynb #089874f1
+# %% ../nbs/05_checkpoint.ipynb #120344c4
 def _seal_async(pool, tmp):
     "fsync and hash `tmp` at once: the hash reads the page cache while the disk flushes. Returns both futures."
     return pool.submit(fsync_file, tmp), pool.submit(file_digest, tmp)
@@ -290,7 +290,7 @@ def _prune(self: CheckpointManager, newest: int):
 
 CheckpointManager.save, CheckpointManager.prune = _save, _prune
 
-# %% ../nbs/05_checkpoint.ipynb #c8e93bae
+# %% ../nbs/05_checkpoint.ipynb #d9f1d1e5
 def _latest_step(self: CheckpointManager):
     "The newest step that is committed and whose files match its meta; newer broken steps are warned about, naming the file."
     for step in reversed(self.list_steps()):
@@ -301,7 +301,7 @@ def _latest_step(self: CheckpointManager):
 
 CheckpointManager.latest_step = _latest_step
 
-# %% ../nbs/05_checkpoint.ipynb #a69c23bf
+# %% ../nbs/05_checkpoint.ipynb #e85830c4
 def _fingerprint(path: Path):
     s = path.stat()
     return (s.st_ino, s.st_size, s.st_mtime_ns)
@@ -329,9 +329,8 @@ def _warn_tied_mismatch(target_state, weights):
             warnings.warn(f"load: {ks} share one parameter in the model but differ in the file; '{ks[-1]}' wins",
                           CheckpointWarning)
 
-def _verified_read(path: Path, rec: dict, job, reader):
-    "`reader(path)`, trusted only if `job` (the file's digest) matches `rec` and the file did not change meanwhile."
-    before = _fingerprint(path)
+def _verified_read(path: Path, rec: dict, job, before, reader):
+    "`reader(path)`, trusted only if `job` (the file's digest) matches `rec` and the file's inode/size/mtime are still `before`."
     try: obj = reader(path)
     except Exception as e:
         if job.result()["sha256"] != rec["sha256"]: raise CheckpointCorruptError(f"{path}: SHA-256 differs from meta (corrupt)") from e
@@ -355,13 +354,14 @@ def _load(self: CheckpointManager, model, step: int, device="cpu", optimizer=Non
             warnings.warn(f"load: no optimizer state at {paths['optim']}; the optimizer starts from scratch", CheckpointWarning)
         else: recs["optim"] = rec
     for k, rec in recs.items(): _check_size(self.save_dir / rec["name"], rec)
+    before = {k: _fingerprint(self.save_dir / rec["name"]) for k, rec in recs.items()}   # before any hashing starts
     with ThreadPoolExecutor(max_workers=len(recs)) as hashers:
         jobs = {k: hashers.submit(self._digest, self.save_dir / rec["name"]) for k, rec in recs.items()}
         weights = _verified_read(self.save_dir / recs["model"]["name"], recs["model"], jobs["model"],
-                                 safetensors.torch.load_file)
+                                 before["model"], safetensors.torch.load_file)
         osd = None
         if "optim" in recs:
-            osd = _verified_read(self.save_dir / recs["optim"]["name"], recs["optim"], jobs["optim"],
+            osd = _verified_read(self.save_dir / recs["optim"]["name"], recs["optim"], jobs["optim"], before["optim"],
                                  lambda p: _own_cpu_tensors(torch.load(p, map_location=device, weights_only=True, mmap=True)))
     weights = {strip_compile_prefix(k): v for k, v in weights.items()}
     target = unwrap_compiled(model)

@@ -6,7 +6,7 @@
 __all__ = ['trapezoid_coefs', 'angle_increment', 'wrap_angle', 'rotate_pairs', 'SSDState', 'ssd_naive', 'ssd_random_inputs',
            'ssd_random_state', 'ssd_complex_naive', 'segsum', 'cumulative_angle', 'ssd_chunked']
 
-# %% ../nbs/00_ssd.ipynb #fa90e615
+# %% ../nbs/00_ssd.ipynb #2b3b1105
 import math
 from typing import NamedTuple
 
@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# %% ../nbs/00_ssd.ipynb #bdc314b6
+# %% ../nbs/00_ssd.ipynb #42fd11ae
 def trapezoid_coefs(dt, A, lam):
     "Exponential-trapezoidal weights α = e^{ΔA}, β = (1−λ)Δα, γ = λΔ (elementwise, any shape)."
     alpha = torch.exp(dt * A)
     return alpha, (1 - lam) * dt * alpha, lam * dt
 
-# %% ../nbs/00_ssd.ipynb #f1776182
+# %% ../nbs/00_ssd.ipynb #48e05269
 def angle_increment(dt, theta):
     "Per-step rotation δ = Δ·π·tanh(θ): dt (..., H), theta (..., H, S) -> (..., H, S)."
     return dt[..., None] * math.pi * torch.tanh(theta)
@@ -41,12 +41,13 @@ def rotate_pairs(v, phi):
     "Rotate the interleaved pairs (2j, 2j+1), j < S, of v (..., N) by phi (..., S); dims >= 2S are untouched."
     S = phi.shape[-1]
     if S == 0: return v
-    p, q, rest = v[..., 0:2 * S:2], v[..., 1:2 * S:2], v[..., 2 * S:]
+    pairs, rest = v.split((2 * S, v.shape[-1] - 2 * S), dim=-1)
+    p, q = pairs.unflatten(-1, (S, 2)).unbind(-1)                      # v_{2j}, v_{2j+1}  (..., S)
     cos, sin = torch.cos(phi), torch.sin(phi)
     rot = torch.stack((p * cos - q * sin, p * sin + q * cos), dim=-1).flatten(-2)
     return torch.cat((rot, rest), dim=-1)
 
-# %% ../nbs/00_ssd.ipynb #b3a342b6
+# %% ../nbs/00_ssd.ipynb #8b12887a
 class SSDState(NamedTuple):
     "Everything a continuation needs: the angle, the rotated-frame state, the last rotated key, the last input."
     angle: Tensor  # (b, H, S)  cumulative angle Φ_{T-1}, wrapped to [0, 2π)
@@ -54,7 +55,7 @@ class SSDState(NamedTuple):
     k: Tensor      # (b, H, N) | MIMO (b, H, R, N)  last rotated key B̃_{T-1} (unscaled)
     v: Tensor      # (b, H, P) | MIMO (b, H, R, P)  last input x_{T-1}
 
-# %% ../nbs/00_ssd.ipynb #7ee59339
+# %% ../nbs/00_ssd.ipynb #8d57df5d
 def _check(name, t, shape, expected):
     if not isinstance(t, Tensor): raise ValueError(f"{name}: expected a torch.Tensor of shape {expected}, got {type(t).__name__}")
     if tuple(t.shape) != tuple(shape): raise ValueError(f"{name}: expected shape {expected}, got {tuple(t.shape)}")
@@ -127,7 +128,7 @@ def _prepare(x, dt, A, B, C, lam, theta, D, initial_state) -> _Inputs:
                    torch.zeros(H, dtype=cd, device=dev) if D is None else f(D), st, mimo)
 
 def _pack_state(angle, h, k, v, mimo) -> SSDState:
-    "The final state in the public layout (no rank axis for SISO), detached from the big per-token tensors."
+    "The final state in the public layout (no rank axis for SISO), copied out so that a cache does not keep the per-token tensors alive."
     k, v = (k, v) if mimo else (k.squeeze(-2), v.squeeze(-2))
     return SSDState(angle.clone(), h, k.clone(), v.clone())
 
@@ -135,7 +136,7 @@ def _pack_y(y, x, mimo):
     "y (b, T, H, R, P) -> the layout and dtype of x."
     return (y if mimo else y.squeeze(-2)).to(x.dtype)
 
-# %% ../nbs/00_ssd.ipynb #d26c07a8
+# %% ../nbs/00_ssd.ipynb #c083475f
 def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None):
     "Golden Mamba-3 SSM recurrence in the rotated frame, one token at a time. Returns (y, SSDState)."
     z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state)
@@ -153,7 +154,7 @@ def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None):
         k_prev, v_prev = k, v
     return _pack_y(torch.stack(ys, 1), x, z.mimo), _pack_state(phi, h, k_prev, v_prev, z.mimo)
 
-# %% ../nbs/00_ssd.ipynb #52d004ea
+# %% ../nbs/00_ssd.ipynb #291053f7
 def ssd_random_inputs(b=2, T=37, H=3, P=4, N=8, S=2, R=None, dtype=torch.float64, seed=0, per_head_theta=False, device='cpu'):
     "Random SSD inputs as a kwargs dict, drawn as spec §4 says: RMS-normed B, C plus an N(0, 1) bias, Δ log-uniform in [1e-3, 1e-1], A ∈ −U[1, 16]."
     g = torch.Generator().manual_seed(seed)
@@ -175,7 +176,7 @@ def ssd_random_state(b=2, H=3, P=4, N=8, S=2, R=None, dtype=torch.float64, seed=
     rk = () if R is None else (R,)
     return SSDState(wrap_angle(rn(b, H, S) * 4), rn(b, H, P, N), rn(b, H, *rk, N), rn(b, H, *rk, P))
 
-# %% ../nbs/00_ssd.ipynb #91e434b5
+# %% ../nbs/00_ssd.ipynb #56cbaee8
 def _to_complex(v, S):
     "The interleaved pairs (2j, 2j+1), j < S, of v (..., N) as complex numbers (..., S)."
     return torch.complex(v[..., 0:2 * S:2], v[..., 1:2 * S:2])
@@ -217,7 +218,7 @@ def ssd_complex_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=Non
     k = torch.cat((_from_complex(kc * redo), kr), -1)
     return _pack_y(torch.stack(ys, 1), x, z.mimo), _pack_state(angle, h, k, v_prev, z.mimo)
 
-# %% ../nbs/00_ssd.ipynb #7ae940ef
+# %% ../nbs/00_ssd.ipynb #2daa8046
 def segsum(a):
     "Stable segment sums: a (..., L) -> (..., L, L) with out[i, j] = a[j+1] + ... + a[i] for i >= j and -inf above the diagonal."
     L = a.shape[-1]
@@ -225,7 +226,7 @@ def segsum(a):
     terms = a[..., :, None].expand(*a.shape, L).masked_fill(~below, 0)     # terms[i, j] = a_i if i > j
     return terms.cumsum(-2).masked_fill(~below.logical_or(torch.eye(L, dtype=torch.bool, device=a.device)), -math.inf)
 
-# %% ../nbs/00_ssd.ipynb #0b638bdd
+# %% ../nbs/00_ssd.ipynb #0693a0aa
 def _to_chunks(t, L):
     "(b, T, H, *rest) -> zero-pad T to a multiple of L -> (b, H, n_c, L, *rest)."
     b, T, H, *rest = t.shape
@@ -242,13 +243,13 @@ def cumulative_angle(delta, angle0, chunk_size):
     "Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus a carry wrapped at every chunk, in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S)."
     local = _to_chunks(delta.double(), chunk_size).cumsum(3)              # (b, H, n_c, L, S)
     carry, carries = angle0.double(), []
-    for c in range(local.shape[2]):
+    for total in local[:, :, :, -1].unbind(2):                           # each chunk's whole rotation (b, H, S)
         carries.append(carry)
-        carry = wrap_angle(carry + local[:, :, c, -1])
+        carry = wrap_angle(carry + total)
     phi = wrap_angle(torch.stack(carries, 2)[:, :, :, None] + local)
     return _from_chunks(phi, delta.shape[1]).to(delta.dtype)
 
-# %% ../nbs/00_ssd.ipynb #6fb718e1
+# %% ../nbs/00_ssd.ipynb #c9cba4e2
 def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64):
     "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive`, any T, any chunk_size >= 1."
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -263,8 +264,7 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     eps = (1 - z.lam) * z.dt                                            # (b, T, H)
     sigma = gamma + F.pad(eps[:, 1:], (0, 0, 0, 1))                     # σ_t = γ_t + ε_{t+1}, ε_T = 0
     phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L)     # (b, T, H, S)
-    Bt = rotate_pairs(z.B, phi[:, :, :, None])                          # B̃ (b, T, H, R, N)
-    Ct = rotate_pairs(z.C, phi[:, :, :, None])                          # C̃ (b, T, H, R, N)
+    Bt, Ct = rotate_pairs(torch.cat((z.B, z.C), 3), phi[:, :, :, None]).split(R, 3)   # B̃, C̃ (b, T, H, R, N)
     K = sigma[..., None, None] * Bt                                     # scaled keys
     h_seed = h0 + eps[:, 0, :, None, None] * torch.einsum('bhrp,bhrn->bhpn', v0, k0)   # h'_{-1}, no α₀
     # chunks (b, H, n_c, L, ...), with (token, rank) flattened into L·R rows
@@ -282,12 +282,13 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
     chunk_decay = torch.exp(a_cum[..., -1])                             # e^{a_{L-1}} (b, H, n_c)
     h_in, h_run = [], h_seed
-    for c in range(nc):                                                 # state passing between chunks
+    for decay_c, s_c in zip(chunk_decay.unbind(2), s_loc.unbind(2)):   # state passing between chunks
         h_in.append(h_run)
-        h_run = chunk_decay[:, :, c, None, None] * h_run + s_loc[:, :, c]
+        h_run = decay_c[:, :, None, None] * h_run + s_c
     h_in = torch.stack(h_in, 2)                                         # H_in (b, H, n_c, P, N)
     y_state = per_row(torch.exp(a_cum))[..., None] * (Q @ h_in.transpose(-1, -2))   # (b, H, n_c, L·R, P)
     y = _from_chunks((y_intra + y_state).view(b, H, nc, L, R, P), T)    # (b, T, H, R, P)
-    diag = torch.einsum('bthrn,bthqn->bthrq', z.C, z.B) @ z.x           # Σ_r' (C·B)_{r r'} v_{r'} (b, T, H, R, P)
+    cb = (z.C[..., :, None, :] * z.B[..., None, :, :]).sum(-1)          # (C·B)_{r r'} (b, T, H, R, R), R is small
+    diag = (cb[..., None] * z.x[..., None, :, :]).sum(-2)               # Σ_r' (C·B)_{r r'} v_{r'} (b, T, H, R, P)
     y = y + gamma[..., None, None] * diag + z.D[:, None, None] * z.x
     return _pack_y(y, x, z.mimo), _pack_state(phi[:, -1], h_run, Bt[:, -1], z.x[:, -1], z.mimo)

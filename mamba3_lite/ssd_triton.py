@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['ssd_triton']
 
-# %% ../nbs/01_ssd_triton.ipynb #a98b8848
+# %% ../nbs/01_ssd_triton.ipynb #dc78fc8d
 import math
 import os
 import warnings
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .ssd import SSDState, rotate_pairs, ssd_chunked
 
-# %% ../nbs/01_ssd_triton.ipynb #5e3afc15
+# %% ../nbs/01_ssd_triton.ipynb #64a5712e
 def _check_block_dims(P, N, chunk_size):
     "Raise a ValueError unless P (headdim), N (d_state) and chunk_size are powers of two in [16, 256]."
     for name, dim in (("P (headdim)", P), ("N (d_state)", N), ("chunk_size", chunk_size)):
@@ -25,7 +25,7 @@ def _check_block_dims(P, N, chunk_size):
             raise ValueError(f"ssd_triton: {name}={dim!r} must be a power of two in [16, 256]; "
                              f'use ssd_dispatch="pytorch" for this config.')
 
-# %% ../nbs/01_ssd_triton.ipynb #9d8ef873
+# %% ../nbs/01_ssd_triton.ipynb #40bc9dd5
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"   # fixed when the kernels are defined
 
 @triton.jit
@@ -39,21 +39,27 @@ def _mm(a, b, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), input_precision=PREC)
 
 @triton.jit
-def _chunk_tiles(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, orow, mt, p, j, phi_in, S,
-                 N: tl.constexpr, P: tl.constexpr, HAS_THETA: tl.constexpr):
-    """Load one chunk of one head (rows `row`, valid where `mt`) in fp32, build the angles Φ of the (L, N/2) pair
-    tiles from the angle rates ω (rows `orow`) and Δ, and return B̃, C̃ (even and odd halves) with cos Φ, sin Φ."""
+def _chunk_tiles(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, bcrow, orow, ih,
+                 mt, p, j, phi_in, S, N: tl.constexpr, P: tl.constexpr, HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Load one chunk of head `ih` (rows `row`, valid where `mt`) in fp32: B, C from their group rows `bcrow` plus the
+    head's bias; build the angles Φ of the (L, N/2) pair tiles from the angle rates ω (rows `orow`) and Δ; return
+    B̃, C̃ (even and odd halves) with cos Φ, sin Φ."""
     mj = j < N // 2
     adt = tl.load(adt_ptr + row, mask=mt, other=0.)                                   # (L,)
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
     gam = tl.load(gam_ptr + row, mask=mt, other=0.)
     x = tl.load(x_ptr + row[:, None] * P + p[None, :], mask=mt[:, None], other=0.).to(tl.float32)  # (L, P)
     m2 = mt[:, None] & mj[None, :]
-    ev = row[:, None] * N + 2 * j[None, :]                                           # even state dims
+    ev = bcrow[:, None] * N + 2 * j[None, :]                                         # even state dims
     be = tl.load(b_ptr + ev, mask=m2, other=0.).to(tl.float32)                       # (L, N/2)
     bo = tl.load(b_ptr + ev + 1, mask=m2, other=0.).to(tl.float32)
     ce = tl.load(c_ptr + ev, mask=m2, other=0.).to(tl.float32)
     co = tl.load(c_ptr + ev + 1, mask=m2, other=0.).to(tl.float32)
+    if HAS_BIAS:                                                                     # per-head bias, pads stay 0
+        be = tl.where(m2, be + tl.load(bb_ptr + ih * N + 2 * j, mask=mj, other=0.)[None, :], 0.)
+        bo = tl.where(m2, bo + tl.load(bb_ptr + ih * N + 2 * j + 1, mask=mj, other=0.)[None, :], 0.)
+        ce = tl.where(m2, ce + tl.load(cb_ptr + ih * N + 2 * j, mask=mj, other=0.)[None, :], 0.)
+        co = tl.where(m2, co + tl.load(cb_ptr + ih * N + 2 * j + 1, mask=mj, other=0.)[None, :], 0.)
     if HAS_THETA:
         om = tl.load(om_ptr + orow[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
         dt = tl.load(dt_ptr + row, mask=mt, other=0.)
@@ -69,12 +75,13 @@ def _chunk_tiles(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr,
     cte = ce * cs - co * sn; cto = ce * sn + co * cs                                 # rotated queries C̃
     return adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn
 
-# %% ../nbs/01_ssd_triton.ipynb #e0a4167c
+# %% ../nbs/01_ssd_triton.ipynb #aeaad8a7
 @triton.jit
-def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, h0_ptr, phi0_ptr,
-                    y_ptr, ht_ptr, phit_ptr, hs_ptr, phis_ptr, T, H, S, NC, OM_H, om_hs,
+def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, h0_ptr,
+                    phi0_ptr, y_ptr, ht_ptr, phit_ptr, hs_ptr, phis_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
                     L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, NH: tl.constexpr,
-                    HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, HAS_H0: tl.constexpr, STORE: tl.constexpr,
+                    HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    STORE: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     "Forward SSD of one (batch, head) over all chunks; grid (H, b). Tensors contiguous, (b, T, H, ...) layout."
     ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
@@ -100,8 +107,10 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_p
         mt = tt < T
         row = (ib * T + tt) * H + ih
         orow = (ib * T + tt) * OM_H + ih * om_hs                  # ω rows: shared by the heads or per head
+        bcrow = (ib * T + tt) * G + ih // HG                      # B/C rows: head ih reads group ih // (H/G)
         adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn = _chunk_tiles(
-            x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, orow, mt, p, j, phi_c, S, N, P, HAS_THETA)
+            x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, bcrow, orow, ih,
+            mt, p, j, phi_c, S, N, P, HAS_THETA, HAS_BIAS)
         if STORE:
             tl.store(hs_ptr + (bh * NC + c) * P * N + st, he, mask=mst)
             tl.store(hs_ptr + (bh * NC + c) * P * N + st + 1, ho, mask=mst)
@@ -128,14 +137,16 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_p
     if HAS_THETA:
         tl.store(phit_ptr + bh * S + j, phi_c, mask=j < S)
 
-# %% ../nbs/01_ssd_triton.ipynb #03e4fa75
+# %% ../nbs/01_ssd_triton.ipynb #c6600f08
 @triton.jit
-def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, hs_ptr, phis_ptr,
+def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, hs_ptr,
+                    phis_ptr,
                     dy_ptr, dht_ptr, dphit_ptr,
                     dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dom_ptr, ddt_ptr, dd_ptr, dh0_ptr, dphi0_ptr,
-                    T, H, S, NC, OM_H, om_hs,
+                    T, H, S, NC, OM_H, om_hs, G, HG,
                     L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, NH: tl.constexpr,
-                    HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                    HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     "Backward SSD of one (batch, head): reverse walk over the chunks carrying dH and the angle gradient; grid (H, b)."
     ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
     bh = ib * H + ih
@@ -159,11 +170,13 @@ def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_p
         mt = tt < T
         row = (ib * T + tt) * H + ih
         orow = (ib * T + tt) * OM_H + ih * om_hs                  # ω rows: shared by the heads or per head
+        bcrow = (ib * T + tt) * G + ih // HG                      # B/C rows: head ih reads group ih // (H/G)
         phi_c = tl.zeros((NH,), tl.float32)
         if HAS_THETA:
             phi_c = tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.)
         adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn = _chunk_tiles(
-            x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, orow, mt, p, j, phi_c, S, N, P, HAS_THETA)
+            x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, bcrow, orow, ih,
+            mt, p, j, phi_c, S, N, P, HAS_THETA, HAS_BIAS)
         # recompute the forward quantities of this chunk
         cb = tl.sum(cte * bte + cto * bto, axis=1)                           # C̃·B̃ = C·B
         a = tl.cumsum(adt, axis=0)
@@ -233,7 +246,7 @@ def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_p
         tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
     tl.store(dd_ptr + bh, tl.sum(dd_acc, axis=0))
 
-# %% ../nbs/01_ssd_triton.ipynb #c037672d
+# %% ../nbs/01_ssd_triton.ipynb #77a8c1ee
 _DEFAULT_CONFIG = {"fwd": dict(num_warps=8, num_stages=1), "bwd": dict(num_warps=8, num_stages=1)}
 
 def _env_int(name):
@@ -251,7 +264,7 @@ def _launch_config(kind):
         if val is not None: cfg[key] = val
     return cfg
 
-# %% ../nbs/01_ssd_triton.ipynb #b17acc42
+# %% ../nbs/01_ssd_triton.ipynb #01709160
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def _dot_dtype(dtype):
@@ -262,7 +275,7 @@ class _SSDCore(torch.autograd.Function):
     "Fused chunked SSD: forward and backward in Triton."
 
     @staticmethod
-    def forward(ctx, x, B, C, adt, sig, gam, om, dt, D, h0, phi0, chunk_size, precision, store):
+    def forward(ctx, x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, h0, phi0, chunk_size, precision, store):
         b, T, H, P = x.shape
         N, S = B.shape[-1], (0 if om is None else om.shape[-1])
         OM_H = 1 if om is None else om.shape[2]
@@ -273,20 +286,21 @@ class _SSDCore(torch.autograd.Function):
         phit = torch.zeros(b, H, S, **f32)
         hs = torch.empty(b, H, NC, P, N, **f32) if store else ht        # H_in per chunk, for the backward
         phis = torch.empty(b, H, NC, S, **f32) if store else phit       # angle carry per chunk
+        G = B.shape[2]
         _ssd_fwd_kernel[(H, b)](
-            x, B, C, adt, sig, gam, adt if om is None else om, dt, adt if D is None else D,
-            adt if h0 is None else h0, adt if phi0 is None else phi0, y, ht, phit, hs, phis, T, H, S, NC,
-            OM_H, int(OM_H > 1),
+            x, B, C, adt if Bb is None else Bb, adt if Cb is None else Cb, adt, sig, gam, adt if om is None else om, dt,
+            adt if D is None else D, adt if h0 is None else h0, adt if phi0 is None else phi0, y, ht, phit, hs, phis,
+            T, H, S, NC, OM_H, int(OM_H > 1), G, H // G,
             L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_D=D is not None,
-            HAS_H0=h0 is not None, STORE=store, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision,
-            **_launch_config("fwd"))
-        if store: ctx.save_for_backward(x, B, C, adt, sig, gam, om, dt, D, hs, phis)
+            HAS_H0=h0 is not None, HAS_BIAS=Bb is not None, STORE=store, DOT_DTYPE=_dot_dtype(x.dtype),
+            PREC=precision, **_launch_config("fwd"))
+        if store: ctx.save_for_backward(x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, hs, phis)
         ctx.cfg = (chunk_size, precision, h0 is not None, phi0 is not None)
         return y, ht, phit
 
     @staticmethod
     def backward(ctx, dy, dht, dphit):
-        x, B, C, adt, sig, gam, om, dt, D, hs, phis = ctx.saved_tensors
+        x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, hs, phis = ctx.saved_tensors
         chunk_size, precision, has_h0, has_phi0 = ctx.cfg
         b, T, H, P = x.shape
         N, S = B.shape[-1], (0 if om is None else om.shape[-1])
@@ -295,30 +309,45 @@ class _SSDCore(torch.autograd.Function):
         dy = dy.contiguous()
         dht = torch.zeros(b, H, P, N, **f32) if dht is None else dht.float().contiguous()
         dphit = torch.zeros(b, H, S, **f32) if dphit is None else dphit.float().contiguous()
-        dx, dB, dC = torch.empty_like(x), torch.empty_like(B), torch.empty_like(C)
+        G = B.shape[2]
+        per_head = G == H and Bb is None                                     # else: per-head fp32, reduced below
+        dx = torch.empty_like(x)
+        dB = torch.empty_like(B) if per_head else torch.empty(b, T, H, N, **f32)
+        dC = torch.empty_like(C) if per_head else torch.empty(b, T, H, N, **f32)
         dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
         dom = dadt if om is None else torch.empty(b, T, H, S, **f32)         # per head; summed below if shared
         ddt = torch.zeros(b, T, H, **f32)                                    # the angle path's share of dΔ
         dD, dh0, dphi0 = torch.empty(b, H, **f32), torch.empty(b, H, P, N, **f32), torch.zeros(b, H, S, **f32)
         _ssd_bwd_kernel[(H, b)](
-            x, B, C, adt, sig, gam, adt if om is None else om, dt, adt if D is None else D, hs, phis, dy, dht, dphit,
+            x, B, C, adt if Bb is None else Bb, adt if Cb is None else Cb, adt, sig, gam, adt if om is None else om, dt,
+            adt if D is None else D, hs, phis, dy, dht, dphit,
             dx, dB, dC, dadt, dsig, dgam, dom, ddt, dD, dh0, dphi0, T, H, S, triton.cdiv(T, chunk_size),
-            OM_H, int(OM_H > 1),
+            OM_H, int(OM_H > 1), G, H // G,
             L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_D=D is not None,
-            DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, **_launch_config("bwd"))
+            HAS_BIAS=Bb is not None, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, **_launch_config("bwd"))
         if om is not None and OM_H == 1: dom = dom.sum(2, keepdim=True)       # ω shared by the heads
-        return (dx, dB, dC, dadt, dsig, dgam, None if om is None else dom, None if om is None else ddt,
+        dBb = None if Bb is None else dB.sum((0, 1)).to(Bb.dtype)            # (H, N)
+        dCb = None if Cb is None else dC.sum((0, 1)).to(Cb.dtype)
+        if not per_head:                                                     # heads -> their group
+            dB = dB.view(b, T, G, H // G, N).sum(3).to(B.dtype)
+            dC = dC.view(b, T, G, H // G, N).sum(3).to(C.dtype)
+        return (dx, dB, dC, dBb, dCb, dadt, dsig, dgam, None if om is None else dom, None if om is None else ddt,
                 None if D is None else dD.sum(0).to(D.dtype), dh0 if has_h0 else None,
                 dphi0 if has_phi0 else None, None, None, None)
 
-# %% ../nbs/01_ssd_triton.ipynb #4093ba7f
+# %% ../nbs/01_ssd_triton.ipynb #128a7bb0
 _MIMO_WARNED = False
 
-def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision):
+def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias):
     "ValueError naming the argument for anything the kernel cannot take."
     b, T, H, P = x.shape
+    if T < 1: raise ValueError(f"x: sequence length T must be >= 1, got {T}")
     N = B.shape[-1] if isinstance(B, Tensor) else None
-    want = {"dt": (dt, (b, T, H)), "lam": (lam, (b, T, H)), "B": (B, (b, T, H, N)), "C": (C, (b, T, H, N))}
+    G = B.shape[2] if isinstance(B, Tensor) and B.dim() == 4 else H
+    if H % G: raise ValueError(f"B: {G} groups (B.shape[2]) must divide the H={H} heads")
+    want = {"dt": (dt, (b, T, H)), "lam": (lam, (b, T, H)), "B": (B, (b, T, G, N)), "C": (C, (b, T, G, N))}
+    if (B_bias is None) != (C_bias is None): raise ValueError("B_bias, C_bias: give both or neither")
+    if B_bias is not None: want["B_bias"], want["C_bias"] = (B_bias, (H, N)), (C_bias, (H, N))
     want["A"] = (A, (H,) if isinstance(A, Tensor) and A.dim() == 1 else (b, T, H))
     if D is not None: want["D"] = (D, (H,))
     if theta is not None:
@@ -350,10 +379,15 @@ def _scan_scalars(dt, A, lam):
     sig = gam + torch.cat((eps[:, 1:], torch.zeros_like(eps[:, :1])), 1)
     return (A * dt).contiguous(), gam.contiguous(), eps, sig.contiguous()
 
-def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, precision="ieee"):
-    "Fused Triton Mamba-3 SSD (SISO): same contract as `mamba3_lite.ssd.ssd_chunked`; returns (y, SSDState)."
+def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, precision="ieee",
+               B_bias=None, C_bias=None):
+    """Fused Triton Mamba-3 SSD (SISO): same contract as `mamba3_lite.ssd.ssd_chunked`; returns (y, SSDState).
+    Extension: B, C may be (b, T, G, N) with G | H (head h reads group h // (H/G)) plus per-head `B_bias`,
+    `C_bias` (H, N), added in the kernel prologue (no per-head B/C in HBM)."""
     global _MIMO_WARNED
     if isinstance(x, Tensor) and x.dim() == 5:
+        if B_bias is not None or C_bias is not None:
+            raise ValueError("B_bias, C_bias: not supported for MIMO inputs (add the bias before calling)")
         if not _MIMO_WARNED:
             warnings.warn("ssd_triton: no MIMO kernel yet; MIMO inputs run on the PyTorch ssd_chunked path (slower).")
             _MIMO_WARNED = True
@@ -361,7 +395,7 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     if not isinstance(x, Tensor) or x.dim() != 4:
         raise ValueError(f"x: expected shape (b, T, H, P), got {getattr(x, 'shape', type(x).__name__)}")
     _check_block_dims(x.shape[-1], B.shape[-1] if isinstance(B, Tensor) else B, chunk_size)
-    _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision)
+    _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias)
     b, T, H, P = x.shape
     adt, gam, eps, sig = _scan_scalars(dt, A, lam)
     om = None                                                             # angle rates ω = π·tanh(θ), (b, T, 1|H, S)
@@ -375,10 +409,13 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
         if S: phi0 = angle.float().contiguous()
     if S and phi0 is None: phi0 = torch.zeros(b, H, S, device=x.device, dtype=torch.float32)
     Df = None if D is None else D.float().contiguous()
-    ins = [x, dt, A, B, C, lam, theta, D] + ([] if initial_state is None else list(initial_state))
+    ins = [x, dt, A, B, C, lam, theta, D, B_bias, C_bias] + ([] if initial_state is None else list(initial_state))
     store = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ins)
     prec = precision if x.dtype == torch.float32 else "ieee"              # input_precision only means something for fp32
-    y, ht, phit = _SSDCore.apply(x.contiguous(), B.contiguous(), C.contiguous(), adt, sig, gam, om,
-                                 dt.float().contiguous(), Df, h0, phi0, chunk_size, prec, store)
-    k_last = rotate_pairs(B[:, -1].float(), phit)                            # B̃_{T-1}, unscaled
+    bias = lambda t: None if t is None else t.float().contiguous()
+    y, ht, phit = _SSDCore.apply(x.contiguous(), B.contiguous(), C.contiguous(), bias(B_bias), bias(C_bias), adt, sig,
+                                 gam, om, dt.float().contiguous(), Df, h0, phi0, chunk_size, prec, store)
+    k_last = B[:, -1].float().repeat_interleave(H // B.shape[2], dim=1)     # (b, H, N), per head
+    if B_bias is not None: k_last = k_last + B_bias.float()
+    k_last = rotate_pairs(k_last, phit)                                      # B̃_{T-1}, unscaled
     return y, SSDState(phit, ht, k_last, x[:, -1].float())

@@ -2,6 +2,11 @@
 and final states vs `ssd_chunked` (nmax <= 1e-4) and every input gradient vs autograd through `ssd_chunked`
 (nmax <= 1e-3), for T in {1, 15, 16, 17, 50, 130}, chunk sizes 16 and 32, with and without an initial state and
 theta; other block dims; bad dims raise. bf16 runs only on a GPU."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -92,6 +97,29 @@ def test_bad_block_dims_raise(P, N, L, bad):
     assert bad in str(err.value)
 
 
+@pytest.mark.parametrize("G,bias", [(1, True), (2, True), (1, False)])
+def test_shared_bc_groups_and_bias(G, bias):
+    """Extension: B, C (b, T, G, N) shared by H/G heads, plus optional per-head biases, against ssd_chunked on the
+    per-head tensors; gradients of the shared B/C and of the biases through autograd."""
+    H = 4
+    kw, state = case(37, 4, True, seed=40 + G, H=H)
+    g = torch.Generator().manual_seed(G)
+    shared = dict(kw, B=torch.randn(2, 37, G, 32, generator=g), C=torch.randn(2, 37, G, 32, generator=g))
+    if bias:
+        shared.update(B_bias=torch.randn(H, 32, generator=g), C_bias=torch.randn(H, 32, generator=g))
+
+    def reference(B, C, B_bias=None, C_bias=None, **rest):
+        Bh, Ch = B.repeat_interleave(H // G, 2), C.repeat_interleave(H // G, 2)
+        if B_bias is not None:
+            Bh, Ch = Bh + B_bias, Ch + C_bias
+        return ssd_chunked(B=Bh, C=Ch, **rest)
+
+    y, st = ssd_triton(**shared, initial_state=state, chunk_size=16)
+    y_ref, st_ref = reference(**shared, initial_state=state, chunk_size=16)
+    assert nmax(y, y_ref) <= 1e-4 and nmax(st.k, st_ref.k) <= 1e-4 and nmax(st.h, st_ref.h) <= 1e-4
+    assert_grads_close(grads(ssd_triton, shared, state, 16), grads(reference, shared, state, 16), 1e-3)
+
+
 def test_no_grad_inference_matches():
     kw, state = case(70, 4, True, seed=9)
     with torch.no_grad():
@@ -127,3 +155,16 @@ def test_bf16_against_fp32_reference_on_rounded_inputs():
     y32, s32 = ssd_chunked(**kw32, initial_state=state, chunk_size=64)
     assert nmax(y16, y32) <= 2e-2 and nmax(s16.h, s32.h) <= 2e-2
     assert_grads_close(grads(ssd_triton, kw16, state, 64), grads(ssd_chunked, kw32, state, 64), 2e-2)
+
+
+def test_kernels_compile_for_sm90_without_a_gpu():
+    """The interpreter never compiles the kernels; lower both through Triton's NVIDIA backend + ptxas for sm_90a at
+    tiny dims (fp32 and bf16), so a compile-only error (layouts, dot shapes, loop-carried types) fails CI too."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, "bench/ssd_compile_check.py", "--chunk", "16", "--P", "16", "--N", "32",
+                          "--warps", "4", "--dtype", "fp32", "bf16"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("fwd ") == 4 and out.stdout.count("bwd ") == 4, out.stdout   # 2 dtypes x bias on/off
