@@ -1,6 +1,7 @@
-"""CPU benchmark: the sequential golden recurrence `ssd_naive` vs the chunked `ssd_chunked` (forward only).
+"""CPU benchmark: the sequential golden recurrence `ssd_naive` vs the chunked `ssd_chunked` (forward; --grad adds the backward).
 
-Both run in one process on the same inputs; the table reports the median wall time of each and their ratio.
+Both run in one process on the same inputs; the table reports the best time of a few runs of each (wall clock,
+or process CPU time with --clock cpu, which is steadier on a shared machine) and their ratio.
 Target (issue 2): ssd_chunked at least 20x faster than ssd_naive at T = 4096 (b=1, H=4, P=16, N=32).
 
     python bench/ssd_cpu.py                       # defaults below
@@ -8,7 +9,6 @@ Target (issue 2): ssd_chunked at least 20x faster than ssd_naive at T = 4096 (b=
     python bench/ssd_cpu.py --grad                # forward + backward (the CPU training path)
 """
 import argparse
-import statistics
 import time
 
 import torch
@@ -16,15 +16,15 @@ import torch
 from mamba3_lite.ssd import ssd_chunked, ssd_naive, ssd_random_inputs
 
 
-def median_time(fn, repeats):
-    "Median wall time of fn() over `repeats` runs after one warm-up run."
+def best_time(fn, repeats, clock):
+    "Shortest time of fn() over `repeats` runs after one warm-up run."
     fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times.append(clock() - t0)
+    return min(times)
 
 
 def main(argv=None):
@@ -40,12 +40,14 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--grad", action="store_true", help="time forward + backward of a sum of the outputs")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall: time.perf_counter; cpu: time.process_time (all threads of this process)")
     a = p.parse_args(argv)
     torch.set_flush_denormal(True)
     if a.threads: torch.set_num_threads(a.threads)
     mode = "forward + backward" if a.grad else "forward"
     print(f"ssd_naive vs ssd_chunked, fp32 {mode}, b={a.b} H={a.H} P={a.P} N={a.N} S={a.S} R={a.R or 1} "
-          f"chunk={a.chunk_size} threads={torch.get_num_threads()} median of {a.repeats}")
+          f"chunk={a.chunk_size} threads={torch.get_num_threads()} {a.clock} clock, best of {a.repeats}")
     print(f"{'T':>6} {'naive ms':>10} {'chunked ms':>11} {'speed-up':>9}")
     for T in a.T:
         kw = ssd_random_inputs(b=a.b, T=T, H=a.H, P=a.P, N=a.N, S=a.S, R=a.R, dtype=torch.float32, seed=T)
@@ -58,8 +60,9 @@ def main(argv=None):
                     if a.grad: y.sum().backward()
             return run
 
-        t_naive = median_time(step(ssd_naive), a.repeats)
-        t_chunk = median_time(step(ssd_chunked, chunk_size=a.chunk_size), a.repeats)
+        clock = time.perf_counter if a.clock == "wall" else time.process_time
+        t_naive = best_time(step(ssd_naive), a.repeats, clock)
+        t_chunk = best_time(step(ssd_chunked, chunk_size=a.chunk_size), a.repeats, clock)
         print(f"{T:>6} {t_naive * 1e3:>10.1f} {t_chunk * 1e3:>11.2f} {t_naive / t_chunk:>8.1f}x")
 
 

@@ -10,7 +10,7 @@ __all__ = ['GPT2_VOCAB_SIZE', 'GPT2_EOS_ID', 'GPT2_RANKS_SHA256', 'R50K_URL', 'R
            'iter_documents', 'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'PretrainDataset',
            'WindowSampler', 'prepare_parser', 'prepare_cli', 'install_tokenizer_cli']
 
-# %% ../nbs/04_data.ipynb #f581e4a9
+# %% ../nbs/04_data.ipynb #f2298db6
 import argparse
 import base64
 import bisect
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-# %% ../nbs/04_data.ipynb #11c2a71b
+# %% ../nbs/04_data.ipynb #61c118ce
 GPT2_VOCAB_SIZE = 50_257
 GPT2_EOS_ID = 50_256  # also the PAD id
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -110,7 +110,7 @@ def install_tokenizer(ranks_file, cache_dir=None) -> Path:
     os.replace(tmp, dest)
     return dest
 
-# %% ../nbs/04_data.ipynb #3c16342a
+# %% ../nbs/04_data.ipynb #c6d1dbeb
 SHARD_MAGIC = b"M3LTOKEN"
 SHARD_VERSION = 1
 HEADER = struct.Struct("<8sIIQII")   # magic, version, dtype code, n_tokens, vocab_size, eos_id
@@ -147,7 +147,7 @@ def write_shard(path, tokens, vocab_size: int = GPT2_VOCAB_SIZE, eos_id: int = G
     _atomic_write(Path(path), (head, body))
     return hashlib.sha256(head + body).hexdigest()
 
-# %% ../nbs/04_data.ipynb #c96181b5
+# %% ../nbs/04_data.ipynb #2b89e666
 class Shard:
     "One memory-mapped token shard: `.tokens` (1-D numpy view), `.path`, header fields, `.release()` drops mapped pages."
     def __init__(self, path):
@@ -177,7 +177,7 @@ class Shard:
             for block in iter(lambda: f.read(1 << 22), b""): h.update(block)
         return h.hexdigest()
 
-# %% ../nbs/04_data.ipynb #7abcf40e
+# %% ../nbs/04_data.ipynb #688ecc61
 DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl")
 
 def list_input_files(inputs, include=None) -> list:
@@ -228,7 +228,7 @@ def iter_documents(files, text_field: str = "text"):
             except UnicodeDecodeError as e: raise ValueError(f"{f}: not UTF-8 text (byte {e.start}); convert it or leave it out with --include") from None
             yield text, len(raw)
 
-# %% ../nbs/04_data.ipynb #ec5d1635
+# %% ../nbs/04_data.ipynb #249cd555
 class _SplitWriter:
     "Accumulate one split's token stream and write fixed-size shards (skipping ones already on disk with equal bytes)."
     def __init__(self, out_dir: Path, shard_size: int, vocab_size: int, eos_id: int):
@@ -264,7 +264,7 @@ class _SplitWriter:
         _atomic_write(self.dir / "manifest.json", (json.dumps(manifest, indent=1).encode(),))
         return manifest
 
-# %% ../nbs/04_data.ipynb #eab05f3e
+# %% ../nbs/04_data.ipynb #2b38ae71
 def _finished_output(out: Path, meta: dict):
     "The manifests of a complete earlier run with the same inputs (paths, sizes, mtimes) and settings, else None."
     res = {}
@@ -339,13 +339,13 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
     return res
 
-# %% ../nbs/04_data.ipynb #d37620c8
+# %% ../nbs/04_data.ipynb #1b05745a
 def locate(offsets, g: int) -> tuple:
     "(shard k, offset in it) of global token g; `offsets` = shard start indices. A boundary g = offsets[k] gives (k, 0)."
     k = bisect.bisect_right(offsets, g) - 1
     return k, g - offsets[k]
 
-# %% ../nbs/04_data.ipynb #461b6149
+# %% ../nbs/04_data.ipynb #8216e0a8
 def window_naive(shards, offsets, sizes, idx: int, L: int):
     "Reference stitch (slow, kept as the test oracle): walk shards, extend a Python list, rebuild a tensor."
     needed, collected, cursor = L + 1, [], idx * L
@@ -357,43 +357,43 @@ def window_naive(shards, offsets, sizes, idx: int, L: int):
     chunk = torch.tensor(collected, dtype=torch.long)
     return chunk[:-1], chunk[1:]
 
-# %% ../nbs/04_data.ipynb #05a3ae57
+# %% ../nbs/04_data.ipynb #76062a2b
 def window_fast(shards, offsets, sizes, idx: int, L: int, vocab_size: int, names=None):
     "Window `idx` (x, y: (L,) torch.long, views of one (L+1,) buffer) from numpy shard arrays; ids checked < vocab_size."
     start = idx * L
     k, off = locate(offsets, start)
     end = off + L + 1
-    if end <= sizes[k]:                                          # fast path: one slice (a view when stored as int64)
-        chunk = shards[k][off:end].astype(np.int64, copy=False)
-    else:                                                        # spans shards: one slice per shard, one copy
+    if end <= sizes[k]: raw = shards[k][off:end]                 # fast path: one slice
+    else:                                                        # spans shards: one slice per shard, one join
         pieces, need = [shards[k][off:]], end - sizes[k]
         while need > 0:                                          # the next piece starts the next shard at offset 0
             k += 1
             pieces.append(shards[k][:need]); need -= sizes[k]
-        chunk = np.concatenate(pieces, dtype=np.int64)
-    ids = chunk.view(np.uint64)                                  # negative ids become huge: one max checks both ends
+        raw = np.concatenate(pieces)                             # still in the storage dtype (uint16: 4 bytes/2 tokens)
+    ids = raw if raw.dtype.kind == "u" else raw.view(f"u{raw.dtype.itemsize}")  # negative ids read as huge: one max
     if ids.max() >= vocab_size:
         bad = int(np.flatnonzero(ids >= vocab_size)[0]) + start
         kb, ob = locate(offsets, bad)
         where = names[kb] if names is not None else f"shard {kb}"
-        raise ValueError(f"{where}: token id {int(chunk[bad - start])} at offset {ob} is outside [0, {vocab_size}) "
+        raise ValueError(f"{where}: token id {int(raw[bad - start])} at offset {ob} is outside [0, {vocab_size}) "
                          "(data prepared with another tokenizer, or corrupt)")
+    chunk = raw.astype(np.int64, copy=False)                     # int64 storage: no copy on the fast path
     return torch.from_numpy(chunk[:-1]), torch.from_numpy(chunk[1:])
 
-# %% ../nbs/04_data.ipynb #4c3a65a0
+# %% ../nbs/04_data.ipynb #fdc59c84
 def _load_torch_tokens(path: Path) -> np.ndarray:
     "A torch.save'd 1-D integer tensor, memory-mapped, as a numpy view (errors name the file)."
     try: t = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e: raise ValueError(f"{path}: neither a mamba3-lite shard nor a loadable torch.save'd tensor ({type(e).__name__}: {str(e)[:120]})") from None
     if not isinstance(t, torch.Tensor): raise ValueError(f"{path}: torch.load gave a {type(t).__name__}, expected a 1-D token tensor")
-    if t.ndim != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"{path}: expected a 1-D integer token tensor, got {t.dtype} of shape {tuple(t.shape)}")
+    if t.ndim != 1 or t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint16, torch.uint32, torch.uint8):
+        raise ValueError(f"{path}: expected a 1-D integer token tensor (int64/int32/int16/uint32/uint16/uint8), got {t.dtype} of shape {tuple(t.shape)}")
     return t.numpy()
 
 def _is_our_shard(path: Path) -> bool:
     with open(path, "rb") as f: return f.read(len(SHARD_MAGIC)) == SHARD_MAGIC
 
-# %% ../nbs/04_data.ipynb #e95228d3
+# %% ../nbs/04_data.ipynb #222f5f72
 _STATM_FD = {}   # pid -> open fd of /proc/self/statm (re-opened in a forked DataLoader worker)
 
 def _file_rss_bytes() -> int:
@@ -402,7 +402,7 @@ def _file_rss_bytes() -> int:
     if pid not in _STATM_FD: _STATM_FD.clear(); _STATM_FD[pid] = os.open("/proc/self/statm", os.O_RDONLY)
     return int(os.pread(_STATM_FD[pid], 128, 0).split()[2]) * mmap.PAGESIZE
 
-# %% ../nbs/04_data.ipynb #ac70d900
+# %% ../nbs/04_data.ipynb #747c2f40
 class PretrainDataset(Dataset):
     "Next-token windows `(x, y)` (each `(L,)` CPU torch.long) over a flat token stream: one file or a directory of shards."
     def __init__(self, data_path, max_seq_len: int, vocab_size: int, split: str = "train", dummy: bool = False,
@@ -519,7 +519,7 @@ class PretrainDataset(Dataset):
         if n == 0: raise ValueError(f"{getattr(self, 'path', 'dummy')}: {len(self)} windows make no batch of {batch_size}")
         for b in range(n): yield self.get_batch(range(b * batch_size, (b + 1) * batch_size))
 
-# %% ../nbs/04_data.ipynb #40f5d2f7
+# %% ../nbs/04_data.ipynb #c174a178
 class WindowSampler:
     "Batches of window indices forever: sequential or (seed, epoch)-shuffled order, round-robin split over ranks, resumable."
     def __init__(self, n_windows: int, batch_size: int, shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
@@ -574,7 +574,7 @@ class WindowSampler:
         pos = self._start[1] + n_batches * self.batch_size
         return {**self.state_dict(), "epoch": self._start[0] + pos // self.windows_per_epoch, "position": pos % self.windows_per_epoch}
 
-# %% ../nbs/04_data.ipynb #6876166b
+# %% ../nbs/04_data.ipynb #0c46e173
 _USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError)
 
 def _run_cli(parser, argv, body) -> int:

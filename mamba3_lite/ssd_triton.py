@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['ssd_triton']
 
-# %% ../nbs/01_ssd_triton.ipynb #dc78fc8d
+# %% ../nbs/01_ssd_triton.ipynb #857bae5d
 import math
 import os
 import warnings
@@ -14,10 +14,11 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .ssd import SSDState, rotate_pairs, ssd_chunked
 
-# %% ../nbs/01_ssd_triton.ipynb #64a5712e
+# %% ../nbs/01_ssd_triton.ipynb #f6b5a6f6
 def _check_block_dims(P, N, chunk_size):
     "Raise a ValueError unless P (headdim), N (d_state) and chunk_size are powers of two in [16, 256]."
     for name, dim in (("P (headdim)", P), ("N (d_state)", N), ("chunk_size", chunk_size)):
@@ -25,7 +26,7 @@ def _check_block_dims(P, N, chunk_size):
             raise ValueError(f"ssd_triton: {name}={dim!r} must be a power of two in [16, 256]; "
                              f'use ssd_dispatch="pytorch" for this config.')
 
-# %% ../nbs/01_ssd_triton.ipynb #40bc9dd5
+# %% ../nbs/01_ssd_triton.ipynb #2cfea625
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"   # fixed when the kernels are defined
 
 @triton.jit
@@ -75,7 +76,7 @@ def _chunk_tiles(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr,
     cte = ce * cs - co * sn; cto = ce * sn + co * cs                                 # rotated queries C̃
     return adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn
 
-# %% ../nbs/01_ssd_triton.ipynb #aeaad8a7
+# %% ../nbs/01_ssd_triton.ipynb #14c0d0a3
 @triton.jit
 def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, h0_ptr,
                     phi0_ptr, y_ptr, ht_ptr, phit_ptr, hs_ptr, phis_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
@@ -137,7 +138,7 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
     if HAS_THETA:
         tl.store(phit_ptr + bh * S + j, phi_c, mask=j < S)
 
-# %% ../nbs/01_ssd_triton.ipynb #c6600f08
+# %% ../nbs/01_ssd_triton.ipynb #271bc801
 @triton.jit
 def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, hs_ptr,
                     phis_ptr,
@@ -246,7 +247,7 @@ def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
         tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
     tl.store(dd_ptr + bh, tl.sum(dd_acc, axis=0))
 
-# %% ../nbs/01_ssd_triton.ipynb #77a8c1ee
+# %% ../nbs/01_ssd_triton.ipynb #e2245bc0
 _DEFAULT_CONFIG = {"fwd": dict(num_warps=8, num_stages=1), "bwd": dict(num_warps=8, num_stages=1)}
 
 def _env_int(name):
@@ -264,7 +265,7 @@ def _launch_config(kind):
         if val is not None: cfg[key] = val
     return cfg
 
-# %% ../nbs/01_ssd_triton.ipynb #01709160
+# %% ../nbs/01_ssd_triton.ipynb #2209f005
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def _dot_dtype(dtype):
@@ -299,6 +300,7 @@ class _SSDCore(torch.autograd.Function):
         return y, ht, phit
 
     @staticmethod
+    @once_differentiable                       # the Triton backward builds no graph: double backward must raise
     def backward(ctx, dy, dht, dphit):
         x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, hs, phis = ctx.saved_tensors
         chunk_size, precision, has_h0, has_phi0 = ctx.cfg
@@ -335,7 +337,7 @@ class _SSDCore(torch.autograd.Function):
                 None if D is None else dD.sum(0).to(D.dtype), dh0 if has_h0 else None,
                 dphi0 if has_phi0 else None, None, None, None)
 
-# %% ../nbs/01_ssd_triton.ipynb #128a7bb0
+# %% ../nbs/01_ssd_triton.ipynb #754b3935
 _MIMO_WARNED = False
 
 def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias):

@@ -327,3 +327,16 @@ def test_cli_end_to_end_train_eval_generate(tmp_path):
                                             "--max-new-tokens", "5", "--seed", "1"])
     assert rc == 0, err
     assert out.startswith("def f1(x):")
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path):
+    cfg = tiny_cfg(tmp_path / "run", max_steps=6, save_every=2, keep_last=2)
+    T.run_training(cfg, log=QUIET)
+    assert sorted(p.name for p in (tmp_path / "run").glob("meta_step_*.json")) == ["meta_step_4.json", "meta_step_6.json"]
+
+
+def test_dry_run_starts_fresh_every_time(tmp_path):
+    cfg = T.dry_run_config(tiny_cfg(tmp_path / "run"))
+    for _ in range(2):
+        res = T.run_training(cfg, log=QUIET)
+        assert (res["first_step"], res["final_step"]) == (0, 2)
