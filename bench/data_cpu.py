@@ -77,10 +77,9 @@ def bench_spanning(L, n_windows, tmp):
             assert torch.equal(window_naive(shards, offsets, sizes, i, L)[0], ds_ours[i][0])
         rows.append((shard_len, m, t_naive, t_fn, t_ref, t_ours))
     print(f"\n1. spanning-window fetch, L={L}: only windows that cross a shard boundary; CPU us per window, best of 5 interleaved")
-    print("   list stitch = the reference's .tolist() stitch (window_naive) on its torch.load(mmap=True) int64 shards; window_fast =")
-    print("   our stitch on the same")
-    print("   shards; dataset = PretrainDataset[i] (bounds check, id check, page-release bookkeeping) on the reference-format")
-    print("   directory (torch.save'd int64) and on our uint16 shards")
+    print("   list stitch = the reference's .tolist() stitch (window_naive) on its torch.load(mmap=True) int64 shards;")
+    print("   window_fast = our stitch on the same shards; dataset = PretrainDataset[i] (bounds check, id check, page-release")
+    print("   bookkeeping) on the reference-format directory (torch.save'd int64) and on our uint16 shards")
     print(f"{'shard len':>10} {'windows':>8} {'list stitch':>12} {'window_fast':>12} {'dataset int64':>14} {'dataset uint16':>15} "
           f"{'fn speedup':>11} {'ds speedup':>11}")
     for shard_len, m, a, f, b, c in rows:
@@ -159,17 +158,19 @@ def bench_prepare(tmp, repeats):
         f.read_bytes()
     rows = []
     for w in (1, 2):
-        best = float("inf")
+        best, cpu = float("inf"), 0.0
         for rep in range(repeats):
             out = tmp / f"prep{w}_{rep}"
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             res = prepare_corpus(files, out, shard_size_tokens=1_000_000, val_fraction=0.01, workers=w, progress=False)
-            best = min(best, time.perf_counter() - t)
-        rows.append((w, best, res["train"]["n_tokens"] + res["val"]["n_tokens"]))
+            if time.perf_counter() - t < best:
+                best, cpu = time.perf_counter() - t, time.process_time() - c
+        rows.append((w, best, cpu, res["train"]["n_tokens"] + res["val"]["n_tokens"]))
     print(f"\n3. prepare on the Python stdlib sources: {len(files)} files, {mb:.1f} MB (read + tokenize + write shards; best of {repeats})")
-    print(f"{'threads':>8} {'seconds':>8} {'MB/s':>7} {'Mtok/s':>7} {'vs 1 thread':>12}")
-    for w, dt, n in rows:
-        print(f"{w:>8} {dt:>8.2f} {mb / dt:>7.2f} {n / dt / 1e6:>7.2f} {rows[0][1] / dt:>11.2f}x")
+    print(f"   load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; CPU s / wall s > 1 means threads ran in parallel")
+    print(f"{'threads':>8} {'wall s':>7} {'CPU s':>6} {'CPU/wall':>9} {'MB/s':>7} {'Mtok/s':>7} {'vs 1 thread':>12}")
+    for w, dt, cpu, n in rows:
+        print(f"{w:>8} {dt:>7.2f} {cpu:>6.2f} {cpu / dt:>9.2f} {mb / dt:>7.2f} {n / dt / 1e6:>7.2f} {rows[0][1] / dt:>11.2f}x")
     return rows
 
 

@@ -88,9 +88,23 @@ section_ssd_compile() {
   "$PYTHON" bench/ssd_compile_check.py --chunk 64 --warps 8 --dtype bf16 --out "$OUT"
 }
 
+# Issue 8: end-to-end smoke (kernel vs reference, data -> device batches, bf16 model with the Triton dispatch,
+# checkpoint round trip, 20-step compiled Pretrainer run + resume, generation).
+section_e2e_smoke() {
+  "$PYTHON" bench/e2e_gpu_smoke.py "${PASS_ARGS[@]}" --out "$OUT/e2e_gpu_smoke.json"
+}
+
+# Issue 4: forward+backward throughput and MFU of the 434M preset at micro-batch 16 x 2048, bf16 (GPU only).
+section_model() {
+  if [[ $CPU == 1 ]]; then echo "model: GPU only, skipped under --cpu"; return 0; fi
+  ENABLE_TRITON_KERNELS=1 "$PYTHON" bench/model_gpu.py --ssd-dispatch triton --json "$OUT/model_gpu.jsonl" || return 1
+  [[ $SMOKE == 1 ]] || "$PYTHON" bench/model_gpu.py --ssd-dispatch pytorch --json "$OUT/model_gpu.jsonl"
+}
+
 run_section ssd_compile
 run_section ssd_kernel
-# (later issues: append `run_section <name>` lines here — model fwd/bwd throughput, training step, e2e smoke)
+run_section e2e_smoke
+run_section model
 
 echo "" >> "$SUMMARY"
 echo "total: $(( $(date +%s) - SUITE_START ))s" >> "$SUMMARY"

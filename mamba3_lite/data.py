@@ -10,7 +10,7 @@ __all__ = ['GPT2_VOCAB_SIZE', 'GPT2_EOS_ID', 'GPT2_RANKS_SHA256', 'R50K_URL', 'R
            'iter_documents', 'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'PretrainDataset',
            'WindowSampler', 'prepare_parser', 'prepare_cli', 'install_tokenizer_cli']
 
-# %% ../nbs/04_data.ipynb #f2298db6
+# %% ../nbs/04_data.ipynb #99e97be3
 import argparse
 import base64
 import bisect
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-# %% ../nbs/04_data.ipynb #61c118ce
+# %% ../nbs/04_data.ipynb #80340c28
 GPT2_VOCAB_SIZE = 50_257
 GPT2_EOS_ID = 50_256  # also the PAD id
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -110,7 +110,7 @@ def install_tokenizer(ranks_file, cache_dir=None) -> Path:
     os.replace(tmp, dest)
     return dest
 
-# %% ../nbs/04_data.ipynb #c6d1dbeb
+# %% ../nbs/04_data.ipynb #ada0d989
 SHARD_MAGIC = b"M3LTOKEN"
 SHARD_VERSION = 1
 HEADER = struct.Struct("<8sIIQII")   # magic, version, dtype code, n_tokens, vocab_size, eos_id
@@ -147,7 +147,7 @@ def write_shard(path, tokens, vocab_size: int = GPT2_VOCAB_SIZE, eos_id: int = G
     _atomic_write(Path(path), (head, body))
     return hashlib.sha256(head + body).hexdigest()
 
-# %% ../nbs/04_data.ipynb #2b89e666
+# %% ../nbs/04_data.ipynb #07cdd4be
 class Shard:
     "One memory-mapped token shard: `.tokens` (1-D numpy view), `.path`, header fields, `.release()` drops mapped pages."
     def __init__(self, path):
@@ -177,7 +177,7 @@ class Shard:
             for block in iter(lambda: f.read(1 << 22), b""): h.update(block)
         return h.hexdigest()
 
-# %% ../nbs/04_data.ipynb #688ecc61
+# %% ../nbs/04_data.ipynb #aa290415
 DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl")
 
 def list_input_files(inputs, include=None) -> list:
@@ -228,7 +228,7 @@ def iter_documents(files, text_field: str = "text"):
             except UnicodeDecodeError as e: raise ValueError(f"{f}: not UTF-8 text (byte {e.start}); convert it or leave it out with --include") from None
             yield text, len(raw)
 
-# %% ../nbs/04_data.ipynb #249cd555
+# %% ../nbs/04_data.ipynb #96f984a7
 class _SplitWriter:
     "Accumulate one split's token stream and write fixed-size shards (skipping ones already on disk with equal bytes)."
     def __init__(self, out_dir: Path, shard_size: int, vocab_size: int, eos_id: int):
@@ -264,7 +264,7 @@ class _SplitWriter:
         _atomic_write(self.dir / "manifest.json", (json.dumps(manifest, indent=1).encode(),))
         return manifest
 
-# %% ../nbs/04_data.ipynb #2b38ae71
+# %% ../nbs/04_data.ipynb #e37f0b09
 def _finished_output(out: Path, meta: dict):
     "The manifests of a complete earlier run with the same inputs (paths, sizes, mtimes) and settings, else None."
     res = {}
@@ -339,13 +339,13 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
     return res
 
-# %% ../nbs/04_data.ipynb #1b05745a
+# %% ../nbs/04_data.ipynb #d8ff00f9
 def locate(offsets, g: int) -> tuple:
     "(shard k, offset in it) of global token g; `offsets` = shard start indices. A boundary g = offsets[k] gives (k, 0)."
     k = bisect.bisect_right(offsets, g) - 1
     return k, g - offsets[k]
 
-# %% ../nbs/04_data.ipynb #8216e0a8
+# %% ../nbs/04_data.ipynb #db0b82c2
 def window_naive(shards, offsets, sizes, idx: int, L: int):
     "Reference stitch (slow, kept as the test oracle): walk shards, extend a Python list, rebuild a tensor."
     needed, collected, cursor = L + 1, [], idx * L
@@ -357,19 +357,21 @@ def window_naive(shards, offsets, sizes, idx: int, L: int):
     chunk = torch.tensor(collected, dtype=torch.long)
     return chunk[:-1], chunk[1:]
 
-# %% ../nbs/04_data.ipynb #76062a2b
-def window_fast(shards, offsets, sizes, idx: int, L: int, vocab_size: int, names=None):
+# %% ../nbs/04_data.ipynb #768bd9e9
+def window_fast(shards, offsets, sizes, idx: int, L: int, vocab_size: int, names=None, touched=None):
     "Window `idx` (x, y: (L,) torch.long, views of one (L+1,) buffer) from numpy shard arrays; ids checked < vocab_size."
     start = idx * L
     k, off = locate(offsets, start)
     end = off + L + 1
+    if touched is not None: touched.add(k)                       # (for the page-release bookkeeping)
     if end <= sizes[k]: raw = shards[k][off:end]                 # fast path: one slice
     else:                                                        # spans shards: one slice per shard, one join
         pieces, need = [shards[k][off:]], end - sizes[k]
         while need > 0:                                          # the next piece starts the next shard at offset 0
             k += 1
             pieces.append(shards[k][:need]); need -= sizes[k]
-        raw = np.concatenate(pieces)                             # still in the storage dtype (uint16: 4 bytes/2 tokens)
+            if touched is not None: touched.add(k)
+        raw = np.concatenate(pieces)                             # still in the storage dtype (uint16: 2 bytes/token)
     ids = raw if raw.dtype.kind == "u" else raw.view(f"u{raw.dtype.itemsize}")  # negative ids read as huge: one max
     if ids.max() >= vocab_size:
         bad = int(np.flatnonzero(ids >= vocab_size)[0]) + start
@@ -377,10 +379,10 @@ def window_fast(shards, offsets, sizes, idx: int, L: int, vocab_size: int, names
         where = names[kb] if names is not None else f"shard {kb}"
         raise ValueError(f"{where}: token id {int(raw[bad - start])} at offset {ob} is outside [0, {vocab_size}) "
                          "(data prepared with another tokenizer, or corrupt)")
-    chunk = raw.astype(np.int64, copy=False)                     # int64 storage: no copy on the fast path
+    chunk = raw if raw.dtype == np.int64 else raw.astype(np.int64)  # int64 storage: no copy on the fast path
     return torch.from_numpy(chunk[:-1]), torch.from_numpy(chunk[1:])
 
-# %% ../nbs/04_data.ipynb #fdc59c84
+# %% ../nbs/04_data.ipynb #ec9fe01c
 def _load_torch_tokens(path: Path) -> np.ndarray:
     "A torch.save'd 1-D integer tensor, memory-mapped, as a numpy view (errors name the file)."
     try: t = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -393,7 +395,7 @@ def _load_torch_tokens(path: Path) -> np.ndarray:
 def _is_our_shard(path: Path) -> bool:
     with open(path, "rb") as f: return f.read(len(SHARD_MAGIC)) == SHARD_MAGIC
 
-# %% ../nbs/04_data.ipynb #222f5f72
+# %% ../nbs/04_data.ipynb #dd1c541c
 _STATM_FD = {}   # pid -> open fd of /proc/self/statm (re-opened in a forked DataLoader worker)
 
 def _file_rss_bytes() -> int:
@@ -402,7 +404,7 @@ def _file_rss_bytes() -> int:
     if pid not in _STATM_FD: _STATM_FD.clear(); _STATM_FD[pid] = os.open("/proc/self/statm", os.O_RDONLY)
     return int(os.pread(_STATM_FD[pid], 128, 0).split()[2]) * mmap.PAGESIZE
 
-# %% ../nbs/04_data.ipynb #747c2f40
+# %% ../nbs/04_data.ipynb #4bbd52ae
 class PretrainDataset(Dataset):
     "Next-token windows `(x, y)` (each `(L,)` CPU torch.long) over a flat token stream: one file or a directory of shards."
     def __init__(self, data_path, max_seq_len: int, vocab_size: int, split: str = "train", dummy: bool = False,
@@ -412,6 +414,7 @@ class PretrainDataset(Dataset):
         self._args = (data_path, max_seq_len, vocab_size, split, dummy, dummy_windows, seed, False, max_resident_mb)
         self.max_seq_len, self.vocab_size, self.seed = max_seq_len, vocab_size, seed
         self.manifest, self.names, self._shard_objs, self._is_ours, self._touched = None, [], [], [], set()
+        self._budget = None
         if dummy:
             msg = (f"PretrainDataset: dummy=True -> {dummy_windows} windows of SEEDED RANDOM TOKENS (seed {seed}), "
                    f"data_path {data_path!r} is ignored. Use this for --dry-run plumbing checks only; the loss means nothing.")
@@ -426,7 +429,8 @@ class PretrainDataset(Dataset):
             raise FileNotFoundError(f"{p} has no {split!r} split directory")
         self.path = p
         self._open(p, full_check)
-        self._budget = None if max_resident_mb is None or not os.path.exists("/proc/self/statm") else int(max_resident_mb * 2**20)
+        self._budget = (int(max_resident_mb * 2**20) if max_resident_mb is not None and self._ours
+                        and os.path.exists("/proc/self/statm") else None)   # only our mmap'd shards can be released
         self._rss_base, self._reads = _file_rss_bytes() if self._budget is not None else 0, 0
         self._n = max((self.total_tokens - 1) // max_seq_len, 0)
         if self._n == 0:
@@ -488,18 +492,17 @@ class PretrainDataset(Dataset):
     def __len__(self): return self._n
 
     def __getitem__(self, idx: int):
-        if not -self._n <= idx < self._n: raise IndexError(f"window {idx} out of range for {self._n} windows")
         if idx < 0: idx += self._n
+        if not 0 <= idx < self._n: raise IndexError(f"window {idx} out of range for {self._n} windows")
         if self.layout == "dummy":
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + idx)
             chunk = torch.randint(0, self.vocab_size, (self.max_seq_len + 1,), generator=g)
             return chunk[:-1], chunk[1:]
-        if self._ours and self._budget is not None:
-            a, b = bisect.bisect_right(self.offsets, idx * self.max_seq_len), bisect.bisect_right(self.offsets, (idx + 1) * self.max_seq_len)
-            self._touched.update(range(a - 1, b))                 # the shards this window reads
-            self._reads += 1
-            if self._reads % 4 == 0 and _file_rss_bytes() - self._rss_base > self._budget: self.release()
-        return window_fast(self.shards, self.offsets, self.sizes, idx, self.max_seq_len, self.vocab_size, self.names)
+        if self._budget is None:
+            return window_fast(self.shards, self.offsets, self.sizes, idx, self.max_seq_len, self.vocab_size, self.names)
+        self._reads += 1
+        if self._reads % 4 == 0 and _file_rss_bytes() - self._rss_base > self._budget: self.release()
+        return window_fast(self.shards, self.offsets, self.sizes, idx, self.max_seq_len, self.vocab_size, self.names, self._touched)
 
     def release(self):
         "Drop the mapped pages of the shards read since the last release (they stay in the OS page cache)."
@@ -519,7 +522,7 @@ class PretrainDataset(Dataset):
         if n == 0: raise ValueError(f"{getattr(self, 'path', 'dummy')}: {len(self)} windows make no batch of {batch_size}")
         for b in range(n): yield self.get_batch(range(b * batch_size, (b + 1) * batch_size))
 
-# %% ../nbs/04_data.ipynb #c174a178
+# %% ../nbs/04_data.ipynb #eb07c077
 class WindowSampler:
     "Batches of window indices forever: sequential or (seed, epoch)-shuffled order, round-robin split over ranks, resumable."
     def __init__(self, n_windows: int, batch_size: int, shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
@@ -574,7 +577,7 @@ class WindowSampler:
         pos = self._start[1] + n_batches * self.batch_size
         return {**self.state_dict(), "epoch": self._start[0] + pos // self.windows_per_epoch, "position": pos % self.windows_per_epoch}
 
-# %% ../nbs/04_data.ipynb #0c46e173
+# %% ../nbs/04_data.ipynb #1ac2b705
 _USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError)
 
 def _run_cli(parser, argv, body) -> int:

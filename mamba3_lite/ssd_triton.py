@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['ssd_triton']
 
-# %% ../nbs/01_ssd_triton.ipynb #857bae5d
+# %% ../nbs/01_ssd_triton.ipynb #11929930
 import math
 import os
 import warnings
@@ -14,11 +14,12 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 from torch.autograd.function import once_differentiable
 
 from .ssd import SSDState, rotate_pairs, ssd_chunked
 
-# %% ../nbs/01_ssd_triton.ipynb #f6b5a6f6
+# %% ../nbs/01_ssd_triton.ipynb #62e143ed
 def _check_block_dims(P, N, chunk_size):
     "Raise a ValueError unless P (headdim), N (d_state) and chunk_size are powers of two in [16, 256]."
     for name, dim in (("P (headdim)", P), ("N (d_state)", N), ("chunk_size", chunk_size)):
@@ -26,7 +27,7 @@ def _check_block_dims(P, N, chunk_size):
             raise ValueError(f"ssd_triton: {name}={dim!r} must be a power of two in [16, 256]; "
                              f'use ssd_dispatch="pytorch" for this config.')
 
-# %% ../nbs/01_ssd_triton.ipynb #2cfea625
+# %% ../nbs/01_ssd_triton.ipynb #3d11d145
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"   # fixed when the kernels are defined
 
 @triton.jit
@@ -76,7 +77,7 @@ def _chunk_tiles(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr,
     cte = ce * cs - co * sn; cto = ce * sn + co * cs                                 # rotated queries C̃
     return adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn
 
-# %% ../nbs/01_ssd_triton.ipynb #14c0d0a3
+# %% ../nbs/01_ssd_triton.ipynb #a1b7b0ea
 @triton.jit
 def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, h0_ptr,
                     phi0_ptr, y_ptr, ht_ptr, phit_ptr, hs_ptr, phis_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
@@ -138,7 +139,7 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
     if HAS_THETA:
         tl.store(phit_ptr + bh * S + j, phi_c, mask=j < S)
 
-# %% ../nbs/01_ssd_triton.ipynb #271bc801
+# %% ../nbs/01_ssd_triton.ipynb #690b7760
 @triton.jit
 def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, hs_ptr,
                     phis_ptr,
@@ -247,7 +248,7 @@ def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
         tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
     tl.store(dd_ptr + bh, tl.sum(dd_acc, axis=0))
 
-# %% ../nbs/01_ssd_triton.ipynb #e2245bc0
+# %% ../nbs/01_ssd_triton.ipynb #4cf8570e
 _DEFAULT_CONFIG = {"fwd": dict(num_warps=8, num_stages=1), "bwd": dict(num_warps=8, num_stages=1)}
 
 def _env_int(name):
@@ -265,12 +266,21 @@ def _launch_config(kind):
         if val is not None: cfg[key] = val
     return cfg
 
-# %% ../nbs/01_ssd_triton.ipynb #2209f005
+# %% ../nbs/01_ssd_triton.ipynb #a7f39b40
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def _dot_dtype(dtype):
     "tl.dot operand dtype: the input dtype on a GPU; fp32 in the interpreter (its bf16 tl.dot is wrong)."
     return tl.float32 if _INTERPRET else _TL_DTYPES[dtype]
+
+def _launch(kernel, kind, grid, *args, **meta):
+    "Launch with the 'fwd'/'bwd' config; a config that does not fit on the GPU becomes a ValueError that says what to do."
+    try:
+        kernel[grid](*args, **meta, **_launch_config(kind))
+    except OutOfResources as e:
+        dims = f"chunk_size={meta['L']}, P={meta['P']}, N={meta['N']}"
+        raise ValueError(f"ssd_triton: the {kind} kernel does not fit on this GPU at {dims} ({e}); "
+                         f'use a smaller chunk_size, fewer TRITON_PER_CHUNK_NUM_STAGES, or ssd_dispatch="pytorch".') from e
 
 class _SSDCore(torch.autograd.Function):
     "Fused chunked SSD: forward and backward in Triton."
@@ -288,13 +298,13 @@ class _SSDCore(torch.autograd.Function):
         hs = torch.empty(b, H, NC, P, N, **f32) if store else ht        # H_in per chunk, for the backward
         phis = torch.empty(b, H, NC, S, **f32) if store else phit       # angle carry per chunk
         G = B.shape[2]
-        _ssd_fwd_kernel[(H, b)](
+        _launch(_ssd_fwd_kernel, "fwd", (H, b),
             x, B, C, adt if Bb is None else Bb, adt if Cb is None else Cb, adt, sig, gam, adt if om is None else om, dt,
             adt if D is None else D, adt if h0 is None else h0, adt if phi0 is None else phi0, y, ht, phit, hs, phis,
             T, H, S, NC, OM_H, int(OM_H > 1), G, H // G,
             L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_D=D is not None,
             HAS_H0=h0 is not None, HAS_BIAS=Bb is not None, STORE=store, DOT_DTYPE=_dot_dtype(x.dtype),
-            PREC=precision, **_launch_config("fwd"))
+            PREC=precision)
         if store: ctx.save_for_backward(x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, hs, phis)
         ctx.cfg = (chunk_size, precision, h0 is not None, phi0 is not None)
         return y, ht, phit
@@ -320,13 +330,13 @@ class _SSDCore(torch.autograd.Function):
         dom = dadt if om is None else torch.empty(b, T, H, S, **f32)         # per head; summed below if shared
         ddt = torch.zeros(b, T, H, **f32)                                    # the angle path's share of dΔ
         dD, dh0, dphi0 = torch.empty(b, H, **f32), torch.empty(b, H, P, N, **f32), torch.zeros(b, H, S, **f32)
-        _ssd_bwd_kernel[(H, b)](
+        _launch(_ssd_bwd_kernel, "bwd", (H, b),
             x, B, C, adt if Bb is None else Bb, adt if Cb is None else Cb, adt, sig, gam, adt if om is None else om, dt,
             adt if D is None else D, hs, phis, dy, dht, dphit,
             dx, dB, dC, dadt, dsig, dgam, dom, ddt, dD, dh0, dphi0, T, H, S, triton.cdiv(T, chunk_size),
             OM_H, int(OM_H > 1), G, H // G,
             L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_D=D is not None,
-            HAS_BIAS=Bb is not None, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, **_launch_config("bwd"))
+            HAS_BIAS=Bb is not None, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision)
         if om is not None and OM_H == 1: dom = dom.sum(2, keepdim=True)       # ω shared by the heads
         dBb = None if Bb is None else dB.sum((0, 1)).to(Bb.dtype)            # (H, N)
         dCb = None if Cb is None else dC.sum((0, 1)).to(Cb.dtype)
@@ -337,7 +347,7 @@ class _SSDCore(torch.autograd.Function):
                 None if D is None else dD.sum(0).to(D.dtype), dh0 if has_h0 else None,
                 dphi0 if has_phi0 else None, None, None, None)
 
-# %% ../nbs/01_ssd_triton.ipynb #754b3935
+# %% ../nbs/01_ssd_triton.ipynb #218dbf13
 _MIMO_WARNED = False
 
 def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias):
