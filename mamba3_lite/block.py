@@ -6,7 +6,7 @@
 __all__ = ['SSD_DISPATCHES', 'RMSNorm', 'inverse_softplus', 'init_dt_bias', 'heavy_tail', 'decay_rate', 'num_angles',
            'check_mixer_args', 'SSDInputs', 'Mamba3Block', 'ssd_step', 'zero_ssd_state']
 
-# %% ../nbs/02_block.ipynb #c4f161e9
+# %% ../nbs/02_block.ipynb #29914480
 import math
 import os
 import warnings
@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .ssd import SSDState, angle_increment, rotate_pairs, ssd_chunked, trapezoid_coefs, wrap_angle
 
-# %% ../nbs/02_block.ipynb #3a840f95
+# %% ../nbs/02_block.ipynb #90896b6c
 def _fp32(t: torch.Tensor) -> torch.Tensor:
     "Upcast half-precision tensors to fp32; fp32 and fp64 pass through (so fp64 checks stay fp64)."
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
@@ -40,7 +40,7 @@ class RMSNorm(nn.Module):
         out = v32 * torch.rsqrt(v32.pow(2).mean(-1, keepdim=True) + self.eps) * _fp32(self.weight)
         return out.to(torch.float64 if v.dtype == torch.float64 else self.weight.dtype)
 
-# %% ../nbs/02_block.ipynb #9a764f5d
+# %% ../nbs/02_block.ipynb #e90b1bb8
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     "The x with softplus(x) = y (y > 0), in the overflow-free form y + log(1 - exp(-y))."
     return y + torch.log(-torch.expm1(-y))
@@ -54,7 +54,7 @@ def init_dt_bias(dt_bias: torch.Tensor, dt_min: float = 1e-3, dt_max: float = 1e
         dt_bias.copy_(inverse_softplus(dt0))
     return dt_bias
 
-# %% ../nbs/02_block.ipynb #b68d834c
+# %% ../nbs/02_block.ipynb #f65f6bdc
 def heavy_tail(u: torch.Tensor) -> torch.Tensor:
     "f(u) = 1+u for u >= 0, 1/(1-u) for u < 0: positive, continuous, slope 1 at 0."
     return torch.where(u >= 0, 1 + u.clamp(min=0), 1 / (1 - u.clamp(max=0)))
@@ -64,13 +64,13 @@ def decay_rate(a_logit: torch.Tensor, a_floor: float = 1e-4) -> torch.Tensor:
     "Data-dependent A = -max(f(logit), a_floor) < 0."
     return -heavy_tail(a_logit).clamp(min=a_floor)
 
-# %% ../nbs/02_block.ipynb #851089b6
+# %% ../nbs/02_block.ipynb #b81abfd9
 def num_angles(d_state: int, rope_fraction: float) -> int:
     "S = m/2 with m = floor(d_state * rope_fraction) rounded down to even."
     m = int(math.floor(d_state * rope_fraction))
     return (m - m % 2) // 2
 
-# %% ../nbs/02_block.ipynb #eb2a1c5f
+# %% ../nbs/02_block.ipynb #15a8de7f
 SSD_DISPATCHES = ("pytorch", "triton")
 
 
@@ -103,14 +103,15 @@ def check_mixer_args(d_model, d_state, expand, headdim, ngroups, rope_fraction, 
     _require(dt_init_floor > 0, "dt_init_floor", f"expected > 0, got {dt_init_floor}")
     _require(a_floor > 0, "a_floor", f"expected > 0, got {a_floor}")
 
-# %% ../nbs/02_block.ipynb #fd4f719d
+# %% ../nbs/02_block.ipynb #9e890cd8
 class SSDInputs(NamedTuple):
     "What `in_proj` and the parameterisations hand to the SSD core, plus the gate."
     x: torch.Tensor       # (b,T,H,P) values; MIMO (b,T,H,R,P) = x ⊙ W_x
     dt: torch.Tensor      # (b,T,H) fp32 step Δ > 0
     A: torch.Tensor       # (b,T,H) fp32 decay rate < 0
-    B: torch.Tensor       # (b,T,H,N) keys after norm + bias, before rotation; MIMO (b,T,H,R,N)
-    C: torch.Tensor       # (b,T,H,N) queries, same; MIMO (b,T,H,R,N)
+    B: torch.Tensor       # (b,T,H,N) keys after norm + bias, before rotation; MIMO (b,T,H,R,N);
+                          #   shared_bc=True: (b,T,G,N) group rows after norm, bias not added
+    C: torch.Tensor       # (b,T,H,N) queries, same; MIMO (b,T,H,R,N); shared_bc=True: (b,T,G,N)
     lam: torch.Tensor     # (b,T,H) fp32 trapezoid weight λ in (0,1)
     theta: Optional[torch.Tensor]  # (b,T,S) fp32 angle logits shared by the heads, None when S = 0
     z: torch.Tensor       # (b,T,H,P) gate
@@ -176,35 +177,41 @@ class Mamba3Block(nn.Module):
             nn.init.ones_(self.mimo_z)
             nn.init.constant_(self.mimo_o, 1 / self.rank)
 
-# %% ../nbs/02_block.ipynb #5ab4603b
-def _per_head(bc: torch.Tensor, norm: RMSNorm, bias: torch.Tensor, n_heads: int) -> torch.Tensor:
-    "(b,T,R,G,N) group projections -> RMSNorm -> broadcast group to heads -> + bias (H,R,N) -> (b,T,H,R,N)."
+# %% ../nbs/02_block.ipynb #01142911
+def _per_head(bc: torch.Tensor, bias: torch.Tensor, n_heads: int) -> torch.Tensor:
+    "(b,T,R,G,N) normalised group rows -> broadcast group to heads -> + bias (H,R,N) -> (b,T,H,R,N)."
     G = bc.shape[3]
     group_of_head = torch.arange(n_heads, device=bc.device) // (n_heads // G)
-    return norm(bc)[:, :, :, group_of_head, :].transpose(2, 3) + _fp32(bias)
+    return bc[:, :, :, group_of_head, :].transpose(2, 3) + _fp32(bias)
 
 
-def _mamba3_ssd_inputs(self: Mamba3Block, u: torch.Tensor) -> SSDInputs:
-    "u (b,T,d) -> SSDInputs: steps 1-3 of the data flow."
+def _mamba3_ssd_inputs(self: Mamba3Block, u: torch.Tensor, shared_bc: bool = False) -> SSDInputs:
+    """u (b,T,d) -> SSDInputs: steps 1-3 of the data flow. `shared_bc=True` (SISO only) stops B, C after the
+    norm, as the group rows (b,T,G,N): the caller adds the per-head bias (the Triton kernel does, on chip)."""
+    if shared_bc and self.is_mimo:
+        raise ValueError("shared_bc: only for SISO blocks (MIMO B/C are built per head and rank here)")
     b, T, _ = u.shape
     H, R, G, N, P = self.n_heads, self.rank, self.ngroups, self.d_state, self.headdim
     z, x, B, C, dt_logit, a_logit, lam_logit, theta = torch.split(self.in_proj(u), self.split_sizes, dim=-1)
     dt = F.softplus(_fp32(dt_logit) + _fp32(self.dt_bias))                     # (b,T,H)
     A = decay_rate(_fp32(a_logit), self.a_floor)                               # (b,T,H)
     lam = torch.sigmoid(_fp32(lam_logit))                                      # (b,T,H)
-    B = _per_head(B.reshape(b, T, R, G, N), self.B_norm, self.B_bias, H)       # (b,T,H,R,N)
-    C = _per_head(C.reshape(b, T, R, G, N), self.C_norm, self.C_bias, H)
+    B, C = self.B_norm(B.reshape(b, T, R, G, N)), self.C_norm(C.reshape(b, T, R, G, N))   # (b,T,R,G,N)
     x, z = x.reshape(b, T, H, P), z.reshape(b, T, H, P)
+    if shared_bc:
+        B, C = B.squeeze(2), C.squeeze(2)                                      # (b,T,G,N)
+    else:
+        B, C = _per_head(B, self.B_bias, H), _per_head(C, self.C_bias, H)      # (b,T,H,R,N)
     if self.is_mimo:
         x = x.unsqueeze(3) * self.mimo_x                                       # (b,T,H,R,P)
-    else:
+    elif not shared_bc:
         B, C = B.squeeze(3), C.squeeze(3)                                      # (b,T,H,N)
     theta = _fp32(theta) if self.n_angles else None                            # (b,T,S)
     return SSDInputs(x, dt, A, B, C, lam, theta, z)
 
 Mamba3Block.ssd_inputs = _mamba3_ssd_inputs
 
-# %% ../nbs/02_block.ipynb #09cac2e5
+# %% ../nbs/02_block.ipynb #9ef5a7f5
 def _mamba3_output(self: Mamba3Block, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     "y (b,T,H,P) or MIMO (b,T,H,R,P), z (b,T,H,P) -> gate -> (MIMO contraction) -> out_proj -> (b,T,d)."
     b, T = z.shape[:2]
@@ -218,7 +225,7 @@ def _mamba3_output(self: Mamba3Block, y: torch.Tensor, z: torch.Tensor) -> torch
 
 Mamba3Block._output = _mamba3_output
 
-# %% ../nbs/02_block.ipynb #d4ecf746
+# %% ../nbs/02_block.ipynb #0e0e017a
 _ENV_WARNED = False
 
 
@@ -249,11 +256,11 @@ def _triton_ssd_or_reason(x: torch.Tensor, headdim: int, d_state: int, chunk_tok
     return ssd_triton, None
 
 
-def _mamba3_ssd_fn(self: Mamba3Block, x: torch.Tensor):
-    "The SSD function this block uses for x, following ssd_dispatch and the two-part opt-in."
+def _mamba3_ssd_fn(self: Mamba3Block, u: torch.Tensor):
+    "The SSD function this block uses for the input u, following ssd_dispatch and the two-part opt-in."
     if self.ssd_dispatch == "pytorch" or not _triton_opted_in():
         return ssd_chunked
-    fn, reason = _triton_ssd_or_reason(x, self.headdim, self.d_state, self.chunk_tokens)
+    fn, reason = _triton_ssd_or_reason(u, self.headdim, self.d_state, self.chunk_tokens)
     if fn is None:
         if not self._fallback_warned:
             warnings.warn(f"Mamba3Block: the Triton SSD kernel refused this block ({reason}); falling back to the "
@@ -264,12 +271,14 @@ def _mamba3_ssd_fn(self: Mamba3Block, x: torch.Tensor):
 
 Mamba3Block._ssd_fn = _mamba3_ssd_fn
 
-# %% ../nbs/02_block.ipynb #fe281b5e
+# %% ../nbs/02_block.ipynb #e0170ba1
 def _mamba3_forward_impl(self: Mamba3Block, u, initial_state=None, return_state=False):
-    inp = self.ssd_inputs(u)
-    ssd = self._ssd_fn(inp.x)
+    ssd = self._ssd_fn(u)
+    in_kernel_bias = ssd is not ssd_chunked and not self.is_mimo   # SISO kernel: shared B/C, bias added on chip
+    inp = self.ssd_inputs(u, shared_bc=in_kernel_bias)
+    bias = dict(B_bias=self.B_bias[:, 0], C_bias=self.C_bias[:, 0]) if in_kernel_bias else {}   # (H,N) each
     y, state = ssd(inp.x, inp.dt, inp.A, inp.B, inp.C, inp.lam, theta=inp.theta, D=self.D,
-                   initial_state=initial_state, chunk_size=self.chunk_tokens)
+                   initial_state=initial_state, chunk_size=self.chunk_tokens, **bias)
     out = self._output(y, inp.z)
     return (out, state) if return_state else out
 
@@ -286,7 +295,7 @@ def _mamba3_forward(self: Mamba3Block, u: torch.Tensor, initial_state: Optional[
 Mamba3Block._forward_impl = _mamba3_forward_impl
 Mamba3Block.forward = _mamba3_forward
 
-# %% ../nbs/02_block.ipynb #63605a35
+# %% ../nbs/02_block.ipynb #68edacb4
 def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState):
     """One token of the SSD recurrence. x (b,H,P) [MIMO (b,H,R,P)]; dt, A, lam (b,H); B, C (b,H,N) [MIMO (b,H,R,N)];
     theta (b,S) or None; D (H,); state: SSDState. Returns y like x (includes D·x) and the new SSDState (fp32)."""
@@ -311,7 +320,7 @@ def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState):
         y, k, x = y.squeeze(2), k.squeeze(2), x.squeeze(2)
     return y, SSDState(angle, h, k, x)
 
-# %% ../nbs/02_block.ipynb #5f2e14ba
+# %% ../nbs/02_block.ipynb #96d787da
 def zero_ssd_state(batch_size, n_heads, headdim, d_state, n_angles, rank=None, device=None) -> SSDState:
     "An empty cache for one layer (all fp32): rank=None for SISO, R for MIMO."
     R = () if rank is None else (rank,)
@@ -319,7 +328,7 @@ def zero_ssd_state(batch_size, n_heads, headdim, d_state, n_angles, rank=None, d
     return SSDState(z(batch_size, n_heads, n_angles), z(batch_size, n_heads, headdim, d_state),
                     z(batch_size, n_heads, *R, d_state), z(batch_size, n_heads, *R, headdim))
 
-# %% ../nbs/02_block.ipynb #23e33bd9
+# %% ../nbs/02_block.ipynb #53c6b6b5
 def _mamba3_allocate_state(self: Mamba3Block, batch_size: int, device=None) -> SSDState:
     "Empty decode cache for this block (fp32, size independent of the context)."
     return zero_ssd_state(batch_size, self.n_heads, self.headdim, self.d_state, self.n_angles,

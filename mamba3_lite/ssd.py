@@ -6,7 +6,7 @@
 __all__ = ['trapezoid_coefs', 'angle_increment', 'wrap_angle', 'rotate_pairs', 'SSDState', 'ssd_naive', 'ssd_random_inputs',
            'ssd_random_state', 'ssd_complex_naive', 'segsum', 'cumulative_angle', 'ssd_chunked']
 
-# %% ../nbs/00_ssd.ipynb #f155acd5
+# %% ../nbs/00_ssd.ipynb #55dd7c45
 import math
 from typing import NamedTuple
 
@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# %% ../nbs/00_ssd.ipynb #774a7b4a
+# %% ../nbs/00_ssd.ipynb #c33a4f34
 def trapezoid_coefs(dt, A, lam):
     "Exponential-trapezoidal weights α = e^{ΔA}, β = (1−λ)Δα, γ = λΔ (elementwise, any shape)."
     alpha = torch.exp(dt * A)
     return alpha, (1 - lam) * dt * alpha, lam * dt
 
-# %% ../nbs/00_ssd.ipynb #efed0571
+# %% ../nbs/00_ssd.ipynb #e9f888f4
 def angle_increment(dt, theta):
     "Per-step rotation δ = Δ·π·tanh(θ): dt (..., H), theta (..., H, S) -> (..., H, S)."
     return dt[..., None] * math.pi * torch.tanh(theta)
@@ -49,7 +49,7 @@ def rotate_pairs(v, phi):
     rot = torch.stack((p * cos - q * sin, p * sin + q * cos), dim=-1).flatten(-2)
     return torch.cat((rot, rest), dim=-1)
 
-# %% ../nbs/00_ssd.ipynb #3ed84325
+# %% ../nbs/00_ssd.ipynb #f77bf2cc
 class SSDState(NamedTuple):
     "Everything a continuation needs: the angle, the rotated-frame state, the last rotated key, the last input."
     angle: Tensor  # (b, H, S)  cumulative angle Φ_{T-1}, wrapped to [0, 2π)
@@ -57,7 +57,7 @@ class SSDState(NamedTuple):
     k: Tensor      # (b, H, N) | MIMO (b, H, R, N)  last rotated key B̃_{T-1} (unscaled)
     v: Tensor      # (b, H, P) | MIMO (b, H, R, P)  last input x_{T-1}
 
-# %% ../nbs/00_ssd.ipynb #17fa7c06
+# %% ../nbs/00_ssd.ipynb #e733c0ec
 def _check(name, t, shape, expected):
     if not isinstance(t, Tensor): raise ValueError(f"{name}: expected a torch.Tensor of shape {expected}, got {type(t).__name__}")
     if tuple(t.shape) != tuple(shape): raise ValueError(f"{name}: expected shape {expected}, got {tuple(t.shape)}")
@@ -138,7 +138,7 @@ def _pack_y(y, x, mimo):
     "y (b, T, H, R, P) -> the layout and dtype of x."
     return (y if mimo else y.squeeze(-2)).to(x.dtype)
 
-# %% ../nbs/00_ssd.ipynb #421fd544
+# %% ../nbs/00_ssd.ipynb #c76add8f
 def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None):
     "Golden Mamba-3 SSM recurrence in the rotated frame, one token at a time. Returns (y, SSDState)."
     z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state)
@@ -156,7 +156,7 @@ def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None):
         k_prev, v_prev = k, v
     return _pack_y(torch.stack(ys, 1), x, z.mimo), _pack_state(phi, h, k_prev, v_prev, z.mimo)
 
-# %% ../nbs/00_ssd.ipynb #f61edaba
+# %% ../nbs/00_ssd.ipynb #2bfb853f
 def ssd_random_inputs(b=2, T=37, H=3, P=4, N=8, S=2, R=None, dtype=torch.float64, seed=0, per_head_theta=False, device='cpu'):
     "Random SSD inputs as a kwargs dict, drawn as spec §4 says: RMS-normed B, C plus an N(0, 1) bias, Δ log-uniform in [1e-3, 1e-1], A ∈ −U[1, 16]."
     g = torch.Generator().manual_seed(seed)
@@ -178,7 +178,7 @@ def ssd_random_state(b=2, H=3, P=4, N=8, S=2, R=None, dtype=torch.float64, seed=
     rk = () if R is None else (R,)
     return SSDState(wrap_angle(rn(b, H, S) * 4), rn(b, H, P, N), rn(b, H, *rk, N), rn(b, H, *rk, P))
 
-# %% ../nbs/00_ssd.ipynb #8ed20b55
+# %% ../nbs/00_ssd.ipynb #095fa4ad
 def _to_complex(v, S):
     "The interleaved pairs (2j, 2j+1), j < S, of v (..., N) as complex numbers (..., S)."
     return torch.complex(v[..., 0:2 * S:2], v[..., 1:2 * S:2])
@@ -220,20 +220,21 @@ def ssd_complex_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=Non
     k = torch.cat((_from_complex(kc * redo), kr), -1)
     return _pack_y(torch.stack(ys, 1), x, z.mimo), _pack_state(angle, h, k, v_prev, z.mimo)
 
-# %% ../nbs/00_ssd.ipynb #563cfaf3
-def segsum(a):
-    "Stable segment sums: a (..., L) -> (..., L, L) with out[i, j] = a[j+1] + ... + a[i] for i >= j and -inf above the diagonal."
+# %% ../nbs/00_ssd.ipynb #a15e566e
+def segsum(a, strict=False):
+    "Stable segment sums: a (..., L) -> (..., L, L) with out[i, j] = a[j+1] + ... + a[i] for i >= j and -inf above the diagonal (and on it if strict)."
     L = a.shape[-1]
     below = torch.ones(L, L, dtype=torch.bool, device=a.device).tril(-1)
     terms = torch.where(below, a[..., :, None], 0.0)                        # terms[i, j] = a_i if i > j
-    return terms.cumsum(-2).masked_fill_(~below.logical_or(torch.eye(L, dtype=torch.bool, device=a.device)), -math.inf)
+    keep = below if strict else below.logical_or(torch.eye(L, dtype=torch.bool, device=a.device))
+    return terms.cumsum(-2).masked_fill_(~keep, -math.inf)
 
-# %% ../nbs/00_ssd.ipynb #b3d41830
+# %% ../nbs/00_ssd.ipynb #f63ab333
 def _to_chunks(t, L):
     "(b, T, H, *rest) -> zero-pad T to a multiple of L -> (b, H, n_c, L, *rest)."
     b, T, H, *rest = t.shape
     nc = -(-T // L)
-    t = F.pad(t, (0, 0) * len(rest) + (0, 0, 0, nc * L - T))
+    if nc * L != T: t = F.pad(t, (0, 0) * len(rest) + (0, 0, 0, nc * L - T))
     return t.transpose(1, 2).reshape(b, H, nc, L, *rest)
 
 def _from_chunks(t, T):
@@ -251,7 +252,7 @@ def cumulative_angle(delta, angle0, chunk_size):
     phi = wrap_angle(torch.stack(carries, 2)[:, :, :, None] + local)
     return _from_chunks(phi, delta.shape[1]).to(delta.dtype)
 
-# %% ../nbs/00_ssd.ipynb #d9308ba3
+# %% ../nbs/00_ssd.ipynb #e1999400
 def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64):
     "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive`, any T, any chunk_size >= 1."
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -276,11 +277,12 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     rows = lambda t: _to_chunks(t, L).reshape(b, H, nc, L * R, t.shape[-1])
     per_row = lambda t: t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
     Q, Kc, V = rows(Ct), rows(K), rows(z.x)                             # (b, H, n_c, L·R, N | N | P)
-    decay = torch.exp(segsum(a_c))                                      # e^{a_l - a_s} (b, H, n_c, L, L), exponents <= 0
-    W = decay.tril(-1)[..., :, None, :, None]                           # strictly causal in tokens, ⊗ 1_{R×R}
+    W = torch.exp(segsum(a_c, strict=True))                             # e^{a_l - a_s} [l > s] (b, H, n_c, L, L), exponents <= 0
+    W = W[..., :, None, :, None]                                        # strictly causal in tokens, ⊗ 1_{R×R}
     G = (Q @ Kc.transpose(-1, -2)).view(b, H, nc, L, R, L, R) * W       # (C̃_l · K_s) e^{a_l - a_s}
     y_intra = G.view(b, H, nc, L * R, L * R) @ V                        # (b, H, n_c, L·R, P)
-    to_end = per_row(decay[..., -1, :])                                 # e^{a_{L-1} - a_s} (b, H, n_c, L·R)
+    after = F.pad(a_c[..., 1:], (0, 1)).flip(-1).cumsum(-1).flip(-1)    # a_{s+1} + ... + a_{L-1}, summed directly
+    to_end = per_row(torch.exp(after))                                  # e^{a_{L-1} - a_s} (b, H, n_c, L·R)
     s_loc = V.transpose(-1, -2) @ (to_end[..., None] * Kc)              # chunk states S_c (b, H, n_c, P, N)
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
     chunk_decay = torch.exp(a_cum[..., -1])                             # e^{a_{L-1}} (b, H, n_c)
