@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['COMMANDS', 'DEFAULT_PROMPT', 'main', 'quickstart_parser', 'quickstart', 'quickstart_cli']
 
-# %% ../nbs/08_cli.ipynb #88b55667
+# %% ../nbs/08_cli.ipynb #31f813e3
 import argparse
 import importlib
 import sys
 import time
 from pathlib import Path
 
-# %% ../nbs/08_cli.ipynb #0a5030be
+# %% ../nbs/08_cli.ipynb #30c52adb
 COMMANDS = {
     "quickstart": ("mamba3_lite.cli", "quickstart_cli", "the main job: prepare the stdlib corpus, train tiny on CPU, evaluate, plot, generate"),
     "prepare": ("mamba3_lite.data", "prepare_cli", "tokenize text/.jsonl files into GPT-2 token shards"),
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse's --help / usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
-# %% ../nbs/08_cli.ipynb #b94c3bc4
+# %% ../nbs/08_cli.ipynb #d74c0487
 DEFAULT_PROMPT = "import os\n\n\ndef read_lines(path):\n"
 
 
@@ -72,6 +72,10 @@ def quickstart_parser() -> argparse.ArgumentParser:
                    help="training YAML (default: configs/tiny_cpu.yaml; e.g. configs/pretrain_a100_400m.yaml on a GPU)")
     p.add_argument("--data-path", nargs="+", default=None,
                    help="a prepared corpus directory, or text files/directories/.jsonl to prepare (default: the stdlib sources)")
+    p.add_argument("--include", nargs="+", default=None, metavar="GLOB",
+                   help="file patterns to take from --data-path directories (default: the prepare command's: *.txt *.md *.jsonl)")
+    p.add_argument("--val-tokens", type=int, default=1 << 16, metavar="N",
+                   help="tokens of whole documents held out for validation when preparing (default: 65536)")
     p.add_argument("--run-dir", type=Path, default=Path("runs/quickstart"),
                    help="where data, checkpoints, metrics.jsonl and loss.png go (default: runs/quickstart)")
     p.add_argument("--max-steps", type=int, default=None, help="override the config's max_steps")
@@ -81,7 +85,7 @@ def quickstart_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="override the config's seed (also seeds sampling)")
     return p
 
-# %% ../nbs/08_cli.ipynb #9e59429d
+# %% ../nbs/08_cli.ipynb #c8df6d63
 def _prepare_data(args, log) -> Path:
     from mamba3_lite.data import prepare_corpus, stdlib_corpus_files
 
@@ -91,7 +95,7 @@ def _prepare_data(args, log) -> Path:
     out = args.run_dir / "data"
     what = "the Python standard library sources" if not args.data_path else ", ".join(map(str, inputs))
     log(f"[quickstart] preparing {what} into {out}")
-    prepare_corpus(inputs, out, shard_size_tokens=1 << 22, val_tokens=1 << 16, workers=args.workers)
+    prepare_corpus(inputs, out, shard_size_tokens=1 << 22, val_tokens=args.val_tokens, include=args.include, workers=args.workers)
     return out
 
 

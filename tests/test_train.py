@@ -340,3 +340,14 @@ def test_dry_run_starts_fresh_every_time(tmp_path):
     for _ in range(2):
         res = T.run_training(cfg, log=QUIET)
         assert (res["first_step"], res["final_step"]) == (0, 2)
+
+
+def test_nan_guard_gives_up_after_repeated_rollbacks(tmp_path):
+    cfg = tiny_cfg(tmp_path / "run", max_steps=8, save_every=2, nan_guard_max_consecutive=2)
+    msgs = []
+    tr = T.Pretrainer(cfg, log=msgs.append)
+    accum = cfg.training.gradient_accumulation_steps
+    NaNInjector(tr, range(2 * accum + 1, 10_000))  # every step after step 2 blows up, replay or not
+    with pytest.raises(RuntimeError, match="rolled back to checkpoint step 2 3 times"):
+        tr.train()
+    assert sum("restoring checkpoint step 2" in m for m in msgs) == 3

@@ -1,0 +1,69 @@
+"""The `mamba3-lite` console script and the quickstart main job, run as a user would (subprocesses)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
+needs_ranks = pytest.mark.skipif(not RANKS, reason="MAMBA3_LITE_GPT2_RANKS not set (.ci/run provides the GPT-2 ranks offline)")
+CLI = [sys.executable, "-c", "import sys; from mamba3_lite.cli import main; sys.exit(main())"]
+
+
+def run(args, env=None, cwd=None, timeout=600):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+def test_help_lists_every_command():
+    r = run(["--help"])
+    assert r.returncode == 0, r.stderr
+    for name in ("quickstart", "prepare", "train", "eval", "generate", "install-tokenizer"):
+        assert name in r.stdout
+
+
+def test_unknown_command_is_one_line():
+    r = run(["fly"])
+    assert r.returncode == 2
+    assert "unknown command 'fly'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_quickstart_without_ranks_says_how_to_provide_them(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MAMBA3_LITE_GPT2_RANKS"}
+    # an empty tiktoken cache and a proxy that refuses at once: the download fails fast and offline
+    env.update(TIKTOKEN_CACHE_DIR=str(tmp_path / "cache"), HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")
+    r = run(["quickstart", "--run-dir", str(tmp_path / "run")], env=env, timeout=120)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert "pip download --no-deps --no-binary :all: openai-whisper==20250625" in r.stderr
+    assert "MAMBA3_LITE_GPT2_RANKS" in r.stderr and "install-tokenizer" in r.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing was trained
+
+
+def _python_corpus(root: Path, n_files: int = 80) -> Path:
+    "A small corpus of Python-looking text (deterministic)."
+    root.mkdir(parents=True)
+    for i in range(n_files):
+        lines = [line for j in range(12) for line in (
+            f"def function_{i}_{j}(x, y={j}):", f'    """Return x scaled by {j} plus y."""', f"    return x * {j} + y", "")]
+        (root / f"mod_{i:02d}.py").write_text("\n".join(lines))
+    return root
+
+
+@needs_ranks
+def test_quickstart_end_to_end_on_a_small_corpus(tmp_path):
+    data = _python_corpus(tmp_path / "texts")
+    run_dir = tmp_path / "run"
+    args = ["quickstart", "--data-path", str(data), "--include", "*.py", "--val-tokens", "4096", "--run-dir", str(run_dir), "--max-steps", "6",
+            "--max-new-tokens", "8", "--seed", "3"]
+    r = run(args, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "[quickstart] validation loss" in r.stdout and "[quickstart] sample:" in r.stdout
+    assert (run_dir / "loss.png").stat().st_size > 1000
+    assert (run_dir / "checkpoints" / "metrics.jsonl").exists()
+    assert list((run_dir / "checkpoints").glob("meta_step_6.json"))
+    assert (run_dir / "data" / "train").is_dir() and (run_dir / "data" / "val").is_dir()
+    # a second run resumes at step 6 instead of training again, and reuses the prepared shards
+    r2 = run(args, cwd=Path(__file__).resolve().parent.parent)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert "resume" in r2.stdout.lower()
