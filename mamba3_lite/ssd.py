@@ -6,7 +6,7 @@
 __all__ = ['trapezoid_coefs', 'angle_increment', 'wrap_angle', 'rotate_pairs', 'SSDState', 'ssd_naive', 'ssd_random_inputs',
            'ssd_random_state', 'ssd_complex_naive', 'segsum', 'cumulative_angle', 'ssd_chunked']
 
-# %% ../nbs/00_ssd.ipynb #55dd7c45
+# %% ../nbs/00_ssd.ipynb #7cadeeae
 import math
 from typing import NamedTuple
 
@@ -14,16 +14,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# %% ../nbs/00_ssd.ipynb #c33a4f34
+# %% ../nbs/00_ssd.ipynb #f916a017
 def trapezoid_coefs(dt, A, lam):
     "Exponential-trapezoidal weights α = e^{ΔA}, β = (1−λ)Δα, γ = λΔ (elementwise, any shape)."
     alpha = torch.exp(dt * A)
     return alpha, (1 - lam) * dt * alpha, lam * dt
 
-# %% ../nbs/00_ssd.ipynb #e9f888f4
+# %% ../nbs/00_ssd.ipynb #b19aba01
 def angle_increment(dt, theta):
     "Per-step rotation δ = Δ·π·tanh(θ): dt (..., H), theta (..., H, S) -> (..., H, S)."
-    return dt[..., None] * math.pi * torch.tanh(theta)
+    # π·tanh(θ) is formed in fp64 and rounded once: fp32's π is 2.8e-8 too large (relative), a bias that a
+    # cumulative angle would otherwise collect in one direction over a long sequence.
+    omega = (torch.tanh(theta).double() * math.pi).to(theta.dtype)
+    return dt[..., None] * omega
 
 _TWO_PI_ROUNDED = {d: torch.tensor(2 * math.pi, dtype=d).item() for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
@@ -49,7 +52,7 @@ def rotate_pairs(v, phi):
     rot = torch.stack((p * cos - q * sin, p * sin + q * cos), dim=-1).flatten(-2)
     return torch.cat((rot, rest), dim=-1)
 
-# %% ../nbs/00_ssd.ipynb #f77bf2cc
+# %% ../nbs/00_ssd.ipynb #57fce8fc
 class SSDState(NamedTuple):
     "Everything a continuation needs: the angle, the rotated-frame state, the last rotated key, the last input."
     angle: Tensor  # (b, H, S)  cumulative angle Φ_{T-1}, wrapped to [0, 2π)
@@ -57,7 +60,7 @@ class SSDState(NamedTuple):
     k: Tensor      # (b, H, N) | MIMO (b, H, R, N)  last rotated key B̃_{T-1} (unscaled)
     v: Tensor      # (b, H, P) | MIMO (b, H, R, P)  last input x_{T-1}
 
-# %% ../nbs/00_ssd.ipynb #e733c0ec
+# %% ../nbs/00_ssd.ipynb #ab06bd18
 def _check(name, t, shape, expected):
     if not isinstance(t, Tensor): raise ValueError(f"{name}: expected a torch.Tensor of shape {expected}, got {type(t).__name__}")
     if tuple(t.shape) != tuple(shape): raise ValueError(f"{name}: expected shape {expected}, got {tuple(t.shape)}")
@@ -138,7 +141,7 @@ def _pack_y(y, x, mimo):
     "y (b, T, H, R, P) -> the layout and dtype of x."
     return (y if mimo else y.squeeze(-2)).to(x.dtype)
 
-# %% ../nbs/00_ssd.ipynb #c76add8f
+# %% ../nbs/00_ssd.ipynb #24c9414f
 def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None):
     "Golden Mamba-3 SSM recurrence in the rotated frame, one token at a time. Returns (y, SSDState)."
     z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state)
@@ -156,7 +159,7 @@ def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None):
         k_prev, v_prev = k, v
     return _pack_y(torch.stack(ys, 1), x, z.mimo), _pack_state(phi, h, k_prev, v_prev, z.mimo)
 
-# %% ../nbs/00_ssd.ipynb #2bfb853f
+# %% ../nbs/00_ssd.ipynb #2b8141d6
 def ssd_random_inputs(b=2, T=37, H=3, P=4, N=8, S=2, R=None, dtype=torch.float64, seed=0, per_head_theta=False, device='cpu'):
     "Random SSD inputs as a kwargs dict, drawn as spec §4 says: RMS-normed B, C plus an N(0, 1) bias, Δ log-uniform in [1e-3, 1e-1], A ∈ −U[1, 16]."
     g = torch.Generator().manual_seed(seed)
@@ -178,7 +181,7 @@ def ssd_random_state(b=2, H=3, P=4, N=8, S=2, R=None, dtype=torch.float64, seed=
     rk = () if R is None else (R,)
     return SSDState(wrap_angle(rn(b, H, S) * 4), rn(b, H, P, N), rn(b, H, *rk, N), rn(b, H, *rk, P))
 
-# %% ../nbs/00_ssd.ipynb #095fa4ad
+# %% ../nbs/00_ssd.ipynb #a52b0ddc
 def _to_complex(v, S):
     "The interleaved pairs (2j, 2j+1), j < S, of v (..., N) as complex numbers (..., S)."
     return torch.complex(v[..., 0:2 * S:2], v[..., 1:2 * S:2])
@@ -220,7 +223,7 @@ def ssd_complex_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=Non
     k = torch.cat((_from_complex(kc * redo), kr), -1)
     return _pack_y(torch.stack(ys, 1), x, z.mimo), _pack_state(angle, h, k, v_prev, z.mimo)
 
-# %% ../nbs/00_ssd.ipynb #a15e566e
+# %% ../nbs/00_ssd.ipynb #e8d23014
 def segsum(a, strict=False):
     "Stable segment sums: a (..., L) -> (..., L, L) with out[i, j] = a[j+1] + ... + a[i] for i >= j and -inf above the diagonal (and on it if strict)."
     L = a.shape[-1]
@@ -229,7 +232,7 @@ def segsum(a, strict=False):
     keep = below if strict else below.logical_or(torch.eye(L, dtype=torch.bool, device=a.device))
     return terms.cumsum(-2).masked_fill_(~keep, -math.inf)
 
-# %% ../nbs/00_ssd.ipynb #f63ab333
+# %% ../nbs/00_ssd.ipynb #bb3763d8
 def _to_chunks(t, L):
     "(b, T, H, *rest) -> zero-pad T to a multiple of L -> (b, H, n_c, L, *rest)."
     b, T, H, *rest = t.shape
@@ -252,7 +255,7 @@ def cumulative_angle(delta, angle0, chunk_size):
     phi = wrap_angle(torch.stack(carries, 2)[:, :, :, None] + local)
     return _from_chunks(phi, delta.shape[1]).to(delta.dtype)
 
-# %% ../nbs/00_ssd.ipynb #e1999400
+# %% ../nbs/00_ssd.ipynb #a2836065
 def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64):
     "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive`, any T, any chunk_size >= 1."
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['ssd_triton']
 
-# %% ../nbs/01_ssd_triton.ipynb #11929930
+# %% ../nbs/01_ssd_triton.ipynb #96fee4f6
 import math
 import os
 import warnings
@@ -19,7 +19,7 @@ from torch.autograd.function import once_differentiable
 
 from .ssd import SSDState, rotate_pairs, ssd_chunked
 
-# %% ../nbs/01_ssd_triton.ipynb #62e143ed
+# %% ../nbs/01_ssd_triton.ipynb #62b5dec8
 def _check_block_dims(P, N, chunk_size):
     "Raise a ValueError unless P (headdim), N (d_state) and chunk_size are powers of two in [16, 256]."
     for name, dim in (("P (headdim)", P), ("N (d_state)", N), ("chunk_size", chunk_size)):
@@ -27,13 +27,29 @@ def _check_block_dims(P, N, chunk_size):
             raise ValueError(f"ssd_triton: {name}={dim!r} must be a power of two in [16, 256]; "
                              f'use ssd_dispatch="pytorch" for this config.')
 
-# %% ../nbs/01_ssd_triton.ipynb #3d11d145
+# %% ../nbs/01_ssd_triton.ipynb #ec061b92
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"   # fixed when the kernels are defined
 
 @triton.jit
 def _wrap(phi):
-    "Floor-mod an fp32 angle into [0, 2π)."
-    return phi - 6.283185307179586 * tl.floor(phi * 0.15915494309189535)
+    "Floor-mod an angle into [0, 2π): minus k·2π in two parts, fp32's 2π then its rounding error (both fp32-exact)."
+    k = tl.floor(phi * 0.15915494309189535)
+    return (phi - k * 6.2831854820251465) - k * -1.7484555314695172e-07
+
+@triton.jit
+def _wrap_carry(phi):
+    """`_wrap` of the fp64 angle carry, then one more ±2π if k came out one off (1/2π is an fp32 literal). In fp64 the
+    two parts make 2π + 7e-15 (the second part is rounded to fp32): the carry lies in [0, 2π + 7e-15)."""
+    r = _wrap(phi)
+    r = tl.where(r < 0., (r + 6.2831854820251465) + -1.7484555314695172e-07, r)
+    r2 = (r - 6.2831854820251465) - -1.7484555314695172e-07
+    return tl.where(r2 >= 0., r2, r)
+
+@triton.jit
+def _carry_f32(phi):
+    "The fp64 carry in fp32, in [0, 2π): a carry that rounds to fp32's 2π (above the true 2π) becomes 0."
+    p = phi.to(tl.float32)
+    return tl.where(p >= 6.2831854820251465, 0., p)
 
 @triton.jit
 def _mm(a, b, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
@@ -77,7 +93,7 @@ def _chunk_tiles(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr,
     cte = ce * cs - co * sn; cto = ce * sn + co * cs                                 # rotated queries C̃
     return adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn
 
-# %% ../nbs/01_ssd_triton.ipynb #a1b7b0ea
+# %% ../nbs/01_ssd_triton.ipynb #98849d55
 @triton.jit
 def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, h0_ptr,
                     phi0_ptr, y_ptr, ht_ptr, phit_ptr, hs_ptr, phis_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
@@ -97,9 +113,9 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
     else:
         he = tl.zeros((P, NH), tl.float32)
         ho = tl.zeros((P, NH), tl.float32)
-    phi_c = tl.zeros((NH,), tl.float32)
+    phi_c = tl.zeros((NH,), tl.float64)                        # the angle carry, fp64 (see "The angle carry")
     if HAS_THETA:
-        phi_c = tl.load(phi0_ptr + bh * S + j, mask=j < S, other=0.)
+        phi_c = _wrap_carry(tl.load(phi0_ptr + bh * S + j, mask=j < S, other=0.).to(tl.float64))  # any Φ₀ -> [0, 2π)
     dskip = 0.
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
@@ -112,14 +128,14 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
         bcrow = (ib * T + tt) * G + ih // HG                      # B/C rows: head ih reads group ih // (H/G)
         adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn = _chunk_tiles(
             x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, bcrow, orow, ih,
-            mt, p, j, phi_c, S, N, P, HAS_THETA, HAS_BIAS)
+            mt, p, j, _carry_f32(phi_c), S, N, P, HAS_THETA, HAS_BIAS)
         if STORE:
             tl.store(hs_ptr + (bh * NC + c) * P * N + st, he, mask=mst)
             tl.store(hs_ptr + (bh * NC + c) * P * N + st + 1, ho, mask=mst)
-            if HAS_THETA:
-                tl.store(phis_ptr + (bh * NC + c) * S + j, phi_c, mask=j < S)
+            if HAS_THETA:                                         # the fp32 carry this chunk's tiles used
+                tl.store(phis_ptr + (bh * NC + c) * S + j, _carry_f32(phi_c), mask=j < S)
         if HAS_THETA:
-            phi_c = _wrap(phi_c + tl.sum(dl, axis=0))
+            phi_c = _wrap_carry(phi_c + tl.sum(dl.to(tl.float64), axis=0))
         diag = gam * tl.sum(cte * bte + cto * bto, axis=1) + dskip   # γ (C̃·B̃) + D, = γ (C·B) + D
         a = tl.cumsum(adt, axis=0)                                # chunk-local log-decay, <= 0
         a_last = tl.sum(adt, axis=0)
@@ -137,9 +153,9 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
     tl.store(ht_ptr + bh * P * N + st, he, mask=mst)
     tl.store(ht_ptr + bh * P * N + st + 1, ho, mask=mst)
     if HAS_THETA:
-        tl.store(phit_ptr + bh * S + j, phi_c, mask=j < S)
+        tl.store(phit_ptr + bh * S + j, _carry_f32(phi_c), mask=j < S)
 
-# %% ../nbs/01_ssd_triton.ipynb #690b7760
+# %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
 def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, hs_ptr,
                     phis_ptr,
@@ -248,7 +264,7 @@ def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
         tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
     tl.store(dd_ptr + bh, tl.sum(dd_acc, axis=0))
 
-# %% ../nbs/01_ssd_triton.ipynb #4cf8570e
+# %% ../nbs/01_ssd_triton.ipynb #e49d6212
 _DEFAULT_CONFIG = {"fwd": dict(num_warps=8, num_stages=1), "bwd": dict(num_warps=8, num_stages=1)}
 
 def _env_int(name):
@@ -266,7 +282,7 @@ def _launch_config(kind):
         if val is not None: cfg[key] = val
     return cfg
 
-# %% ../nbs/01_ssd_triton.ipynb #a7f39b40
+# %% ../nbs/01_ssd_triton.ipynb #e852f8e1
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def _dot_dtype(dtype):
@@ -347,7 +363,7 @@ class _SSDCore(torch.autograd.Function):
                 None if D is None else dD.sum(0).to(D.dtype), dh0 if has_h0 else None,
                 dphi0 if has_phi0 else None, None, None, None)
 
-# %% ../nbs/01_ssd_triton.ipynb #218dbf13
+# %% ../nbs/01_ssd_triton.ipynb #67a8ae39
 _MIMO_WARNED = False
 
 def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias):
@@ -412,7 +428,8 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     adt, gam, eps, sig = _scan_scalars(dt, A, lam)
     om = None                                                             # angle rates ω = π·tanh(θ), (b, T, 1|H, S)
     if theta is not None:
-        om = (math.pi * torch.tanh(theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :])).contiguous()
+        th = theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :]
+        om = (torch.tanh(th).double() * math.pi).float().contiguous()   # π in fp64: fp32's π is 2.8e-8 too large
     S = 0 if om is None else om.shape[-1]
     h0 = phi0 = None
     if initial_state is not None:
