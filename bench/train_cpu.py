@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
-from mamba3_lite.train import build_optimizer, train_step, LoopConfig
+from mamba3_lite.train import LoopConfig, build_optimizer, keep_freed_memory_in_heap, train_step
 
 
 LMOut = namedtuple("LMOut", "logits loss")
@@ -89,6 +89,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     a = p.parse_args(argv)
     torch.set_flush_denormal(True)
+    keep_freed_memory_in_heap()  # as the CPU trainer does (both models allocate (b, T, V) logits each step)
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
