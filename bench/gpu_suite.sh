@@ -101,10 +101,16 @@ section_model() {
   [[ $SMOKE == 1 ]] || "$PYTHON" bench/model_gpu.py --ssd-dispatch pytorch --json "$OUT/model_gpu.jsonl"
 }
 
+# Issue 7: 434M training step (bf16, torch.compile, micro-batch 16 x 2048): tokens/s and MFU; target >= 100k tok/s on one H200.
+section_train_step() {
+  ENABLE_TRITON_KERNELS=1 "$PYTHON" bench/train_gpu.py "${PASS_ARGS[@]}" --out "$OUT"
+}
+
 run_section ssd_compile
 run_section ssd_kernel
 run_section e2e_smoke
 run_section model
+run_section train_step
 
 echo "" >> "$SUMMARY"
 echo "total: $(( $(date +%s) - SUITE_START ))s" >> "$SUMMARY"

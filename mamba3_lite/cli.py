@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['COMMANDS', 'DEFAULT_PROMPT', 'main', 'quickstart_parser', 'quickstart', 'quickstart_cli']
 
-# %% ../nbs/08_cli.ipynb #31f813e3
+# %% ../nbs/08_cli.ipynb #608332e7
 import argparse
 import importlib
 import sys
 import time
 from pathlib import Path
 
-# %% ../nbs/08_cli.ipynb #30c52adb
+# %% ../nbs/08_cli.ipynb #bfe2d8f6
 COMMANDS = {
     "quickstart": ("mamba3_lite.cli", "quickstart_cli", "the main job: prepare the stdlib corpus, train tiny on CPU, evaluate, plot, generate"),
     "prepare": ("mamba3_lite.data", "prepare_cli", "tokenize text/.jsonl files into GPT-2 token shards"),
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse's --help / usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
-# %% ../nbs/08_cli.ipynb #d74c0487
+# %% ../nbs/08_cli.ipynb #33f2060a
 DEFAULT_PROMPT = "import os\n\n\ndef read_lines(path):\n"
 
 
@@ -83,9 +83,11 @@ def quickstart_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt for the generated sample")
     p.add_argument("--max-new-tokens", type=int, default=80, help="length of the generated sample (default: 80)")
     p.add_argument("--seed", type=int, default=None, help="override the config's seed (also seeds sampling)")
+    p.add_argument("--offline", action="store_true",
+                   help="never fetch the GPT-2 ranks from PyPI when tiktoken cannot find or download them")
     return p
 
-# %% ../nbs/08_cli.ipynb #c8df6d63
+# %% ../nbs/08_cli.ipynb #9fe2192d
 def _prepare_data(args, log) -> Path:
     from mamba3_lite.data import prepare_corpus, stdlib_corpus_files
 
@@ -99,16 +101,33 @@ def _prepare_data(args, log) -> Path:
     return out
 
 
+def _tokenizer(offline: bool, log):
+    """GPT-2 BPE; when tiktoken can neither find nor download its ranks, take them from the openai-whisper
+    source package on PyPI (a package index is often reachable where tiktoken's blob store is not)."""
+    from mamba3_lite.data import TokenizerUnavailableError, gpt2_encoding, install_tokenizer, ranks_from_pypi
+
+    try:
+        return gpt2_encoding()
+    except TokenizerUnavailableError:
+        if offline:
+            raise
+    log("[quickstart] tiktoken could not find or download the GPT-2 ranks; fetching them from the "
+        "openai-whisper sdist on PyPI (pip download) into tiktoken's cache — pass --offline to forbid this")
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        log(f"[quickstart] installed the GPT-2 ranks at {install_tokenizer(ranks_from_pypi(d))}")
+    return gpt2_encoding()
+
+
 def quickstart(args, log=print) -> dict:
     "Run the main job described by parsed `quickstart_parser()` arguments; returns the training summary plus the sample."
     import torch
 
-    from mamba3_lite.data import gpt2_encoding
     from mamba3_lite.logger import plot_metrics
     from mamba3_lite.train import apply_overrides, load_config, load_trained, run_training
 
     t0 = time.time()
-    enc = gpt2_encoding()  # fails first, with instructions, when the GPT-2 ranks are unavailable
+    enc = _tokenizer(args.offline, log)  # fails first, with instructions, when the GPT-2 ranks are unavailable
     cfg = load_config(args.config or _default_config())
     data = _prepare_data(args, log)
     overrides = {"data.data_path": str(data), "training.checkpoint_dir": str(args.run_dir / "checkpoints")}

@@ -4,13 +4,14 @@
 
 # %% auto #0
 __all__ = ['GPT2_VOCAB_SIZE', 'GPT2_EOS_ID', 'GPT2_RANKS_SHA256', 'R50K_URL', 'RANKS_ENV', 'TOKENIZER_NAME', 'TOKENIZER_HELP',
-           'SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'DEFAULT_INCLUDE',
-           'TokenizerUnavailableError', 'tiktoken_cache_dir', 'r50k_cache_path', 'gpt2_encoding', 'install_tokenizer',
-           'token_dtype_code', 'shard_bytes', 'write_shard', 'Shard', 'list_input_files', 'stdlib_corpus_files',
-           'iter_documents', 'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'PretrainDataset',
-           'WindowSampler', 'prepare_parser', 'prepare_cli', 'install_tokenizer_cli']
+           'WHISPER_SDIST', 'WHISPER_MEMBER', 'SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES',
+           'DTYPE_NAMES', 'DEFAULT_INCLUDE', 'TokenizerUnavailableError', 'tiktoken_cache_dir', 'r50k_cache_path',
+           'gpt2_encoding', 'install_tokenizer', 'ranks_from_pypi', 'token_dtype_code', 'shard_bytes', 'write_shard',
+           'Shard', 'list_input_files', 'stdlib_corpus_files', 'iter_documents', 'prepare_corpus', 'locate',
+           'window_naive', 'window_fast', 'PretrainDataset', 'WindowSampler', 'prepare_parser', 'prepare_cli',
+           'install_tokenizer_cli']
 
-# %% ../nbs/04_data.ipynb #99e97be3
+# %% ../nbs/04_data.ipynb #044eb142
 import argparse
 import base64
 import bisect
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-# %% ../nbs/04_data.ipynb #80340c28
+# %% ../nbs/04_data.ipynb #327112c7
 GPT2_VOCAB_SIZE = 50_257
 GPT2_EOS_ID = 50_256  # also the PAD id
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -45,7 +46,9 @@ class TokenizerUnavailableError(RuntimeError):
 
 TOKENIZER_HELP = (
     "GPT-2 BPE ranks (r50k_base, sha256 " + GPT2_RANKS_SHA256[:12] + "...) are not available and could not be "
-    "downloaded. Provide the file once:\n"
+    "downloaded. Where a package index is reachable, one command fetches and installs it from PyPI:\n"
+    "  mamba3-lite install-tokenizer --from-pypi\n"
+    "Otherwise provide the file once (the openai-whisper source package ships it):\n"
     "  pip download --no-deps --no-binary :all: openai-whisper==20250625\n"
     "  tar xzf openai_whisper-20250625.tar.gz openai_whisper-20250625/whisper/assets/gpt2.tiktoken\n"
     "then either install it into tiktoken's cache (works for every later run, also plain tiktoken):\n"
@@ -110,7 +113,28 @@ def install_tokenizer(ranks_file, cache_dir=None) -> Path:
     os.replace(tmp, dest)
     return dest
 
-# %% ../nbs/04_data.ipynb #ada0d989
+WHISPER_SDIST = "openai-whisper==20250625"
+WHISPER_MEMBER = "openai_whisper-20250625/whisper/assets/gpt2.tiktoken"
+
+def ranks_from_pypi(workdir) -> Path:
+    """Fetch the GPT-2 ranks from PyPI, where the `openai-whisper` source package ships them: `pip download`
+    the sdist into `workdir`, extract `whisper/assets/gpt2.tiktoken`, check its sha256; returns its path.
+    For machines that reach a package index but not tiktoken's blob store."""
+    import subprocess, tarfile
+    workdir = Path(workdir); workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", WHISPER_SDIST, "-d", str(workdir)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    sdists = sorted(workdir.glob("openai_whisper-20250625.tar.gz"))
+    if r.returncode != 0 or not sdists:
+        raise TokenizerUnavailableError(f"{TOKENIZER_HELP}\n(pip download {WHISPER_SDIST} failed: {(r.stderr or r.stdout).strip()[-300:]})")
+    with tarfile.open(sdists[0]) as tar:
+        data = tar.extractfile(tar.getmember(WHISPER_MEMBER)).read()
+    out = workdir / "gpt2.tiktoken"
+    out.write_bytes(data)
+    _verified_ranks_bytes(out, f"{WHISPER_SDIST} sdist")
+    return out
+
+# %% ../nbs/04_data.ipynb #3b620c66
 SHARD_MAGIC = b"M3LTOKEN"
 SHARD_VERSION = 1
 HEADER = struct.Struct("<8sIIQII")   # magic, version, dtype code, n_tokens, vocab_size, eos_id
@@ -147,7 +171,7 @@ def write_shard(path, tokens, vocab_size: int = GPT2_VOCAB_SIZE, eos_id: int = G
     _atomic_write(Path(path), (head, body))
     return hashlib.sha256(head + body).hexdigest()
 
-# %% ../nbs/04_data.ipynb #07cdd4be
+# %% ../nbs/04_data.ipynb #271db4a4
 class Shard:
     "One memory-mapped token shard: `.tokens` (1-D numpy view), `.path`, header fields, `.release()` drops mapped pages."
     def __init__(self, path):
@@ -177,7 +201,7 @@ class Shard:
             for block in iter(lambda: f.read(1 << 22), b""): h.update(block)
         return h.hexdigest()
 
-# %% ../nbs/04_data.ipynb #aa290415
+# %% ../nbs/04_data.ipynb #74fdd573
 DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl")
 
 def list_input_files(inputs, include=None) -> list:
@@ -228,7 +252,7 @@ def iter_documents(files, text_field: str = "text"):
             except UnicodeDecodeError as e: raise ValueError(f"{f}: not UTF-8 text (byte {e.start}); convert it or leave it out with --include") from None
             yield text, len(raw)
 
-# %% ../nbs/04_data.ipynb #96f984a7
+# %% ../nbs/04_data.ipynb #06445958
 class _SplitWriter:
     "Accumulate one split's token stream and write fixed-size shards (skipping ones already on disk with equal bytes)."
     def __init__(self, out_dir: Path, shard_size: int, vocab_size: int, eos_id: int):
@@ -264,7 +288,7 @@ class _SplitWriter:
         _atomic_write(self.dir / "manifest.json", (json.dumps(manifest, indent=1).encode(),))
         return manifest
 
-# %% ../nbs/04_data.ipynb #e37f0b09
+# %% ../nbs/04_data.ipynb #e6520205
 def _finished_output(out: Path, meta: dict):
     "The manifests of a complete earlier run with the same inputs (paths, sizes, mtimes) and settings, else None."
     res = {}
@@ -339,13 +363,13 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
     return res
 
-# %% ../nbs/04_data.ipynb #d8ff00f9
+# %% ../nbs/04_data.ipynb #639ebba0
 def locate(offsets, g: int) -> tuple:
     "(shard k, offset in it) of global token g; `offsets` = shard start indices. A boundary g = offsets[k] gives (k, 0)."
     k = bisect.bisect_right(offsets, g) - 1
     return k, g - offsets[k]
 
-# %% ../nbs/04_data.ipynb #db0b82c2
+# %% ../nbs/04_data.ipynb #76af3508
 def window_naive(shards, offsets, sizes, idx: int, L: int):
     "Reference stitch (slow, kept as the test oracle): walk shards, extend a Python list, rebuild a tensor."
     needed, collected, cursor = L + 1, [], idx * L
@@ -357,7 +381,7 @@ def window_naive(shards, offsets, sizes, idx: int, L: int):
     chunk = torch.tensor(collected, dtype=torch.long)
     return chunk[:-1], chunk[1:]
 
-# %% ../nbs/04_data.ipynb #768bd9e9
+# %% ../nbs/04_data.ipynb #045ef7f2
 def window_fast(shards, offsets, sizes, idx: int, L: int, vocab_size: int, names=None, touched=None):
     "Window `idx` (x, y: (L,) torch.long, views of one (L+1,) buffer) from numpy shard arrays; ids checked < vocab_size."
     start = idx * L
@@ -382,7 +406,7 @@ def window_fast(shards, offsets, sizes, idx: int, L: int, vocab_size: int, names
     chunk = raw if raw.dtype == np.int64 else raw.astype(np.int64)  # int64 storage: no copy on the fast path
     return torch.from_numpy(chunk[:-1]), torch.from_numpy(chunk[1:])
 
-# %% ../nbs/04_data.ipynb #ec9fe01c
+# %% ../nbs/04_data.ipynb #1539e298
 def _load_torch_tokens(path: Path) -> np.ndarray:
     "A torch.save'd 1-D integer tensor, memory-mapped, as a numpy view (errors name the file)."
     try: t = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -395,7 +419,7 @@ def _load_torch_tokens(path: Path) -> np.ndarray:
 def _is_our_shard(path: Path) -> bool:
     with open(path, "rb") as f: return f.read(len(SHARD_MAGIC)) == SHARD_MAGIC
 
-# %% ../nbs/04_data.ipynb #dd1c541c
+# %% ../nbs/04_data.ipynb #0c5de24f
 _STATM_FD = {}   # pid -> open fd of /proc/self/statm (re-opened in a forked DataLoader worker)
 
 def _file_rss_bytes() -> int:
@@ -404,7 +428,7 @@ def _file_rss_bytes() -> int:
     if pid not in _STATM_FD: _STATM_FD.clear(); _STATM_FD[pid] = os.open("/proc/self/statm", os.O_RDONLY)
     return int(os.pread(_STATM_FD[pid], 128, 0).split()[2]) * mmap.PAGESIZE
 
-# %% ../nbs/04_data.ipynb #4bbd52ae
+# %% ../nbs/04_data.ipynb #faf8a4a4
 class PretrainDataset(Dataset):
     "Next-token windows `(x, y)` (each `(L,)` CPU torch.long) over a flat token stream: one file or a directory of shards."
     def __init__(self, data_path, max_seq_len: int, vocab_size: int, split: str = "train", dummy: bool = False,
@@ -522,7 +546,7 @@ class PretrainDataset(Dataset):
         if n == 0: raise ValueError(f"{getattr(self, 'path', 'dummy')}: {len(self)} windows make no batch of {batch_size}")
         for b in range(n): yield self.get_batch(range(b * batch_size, (b + 1) * batch_size))
 
-# %% ../nbs/04_data.ipynb #eb07c077
+# %% ../nbs/04_data.ipynb #b84493d9
 class WindowSampler:
     "Batches of window indices forever: sequential or (seed, epoch)-shuffled order, round-robin split over ranks, resumable."
     def __init__(self, n_windows: int, batch_size: int, shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
@@ -577,7 +601,7 @@ class WindowSampler:
         pos = self._start[1] + n_batches * self.batch_size
         return {**self.state_dict(), "epoch": self._start[0] + pos // self.windows_per_epoch, "position": pos % self.windows_per_epoch}
 
-# %% ../nbs/04_data.ipynb #1ac2b705
+# %% ../nbs/04_data.ipynb #ca7e9586
 _USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError)
 
 def _run_cli(parser, argv, body) -> int:
@@ -624,11 +648,19 @@ def install_tokenizer_cli(argv=None) -> int:
     p = argparse.ArgumentParser(prog="mamba3-lite install-tokenizer", description=
         "Copy a GPT-2 ranks file (whisper/assets/gpt2.tiktoken = r50k_base.tiktoken, sha256-checked) into tiktoken's "
         "cache so that GPT-2 tokenization works offline, also for plain tiktoken.get_encoding('r50k_base').")
-    p.add_argument("file", help="the ranks file, e.g. openai_whisper-20250625/whisper/assets/gpt2.tiktoken")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("file", nargs="?", help="the ranks file, e.g. openai_whisper-20250625/whisper/assets/gpt2.tiktoken")
+    src.add_argument("--from-pypi", action="store_true",
+                     help=f"take the file from the {WHISPER_SDIST} source package on PyPI (pip download; needs a package index)")
     p.add_argument("--cache-dir", help="tiktoken cache directory (default: $TIKTOKEN_CACHE_DIR, else $DATA_GYM_CACHE_DIR, else <tmp>/data-gym-cache)")
     def body(a):
-        dest = install_tokenizer(a.file, a.cache_dir)
-        print(f"installed {a.file} -> {dest}")
+        if a.from_pypi:
+            with tempfile.TemporaryDirectory() as d:
+                dest = install_tokenizer(ranks_from_pypi(d), a.cache_dir)
+            print(f"installed the GPT-2 ranks from the {WHISPER_SDIST} sdist -> {dest}")
+        else:
+            dest = install_tokenizer(a.file, a.cache_dir)
+            print(f"installed {a.file} -> {dest}")
         if a.cache_dir is None and "TIKTOKEN_CACHE_DIR" not in os.environ and "DATA_GYM_CACHE_DIR" not in os.environ:
             print("note: this is tiktoken's default cache under the temp directory, which may be cleaned; "
                   "set TIKTOKEN_CACHE_DIR to a lasting directory and install there")

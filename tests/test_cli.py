@@ -28,15 +28,23 @@ def test_unknown_command_is_one_line():
     assert "unknown command 'fly'" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_quickstart_without_ranks_says_how_to_provide_them(tmp_path):
+def _no_network_env(tmp_path):
+    "No ranks anywhere, tiktoken's download refused at once by a dead proxy, pip without any index or wheel dir."
     env = {k: v for k, v in os.environ.items() if k != "MAMBA3_LITE_GPT2_RANKS"}
-    # an empty tiktoken cache and a proxy that refuses at once: the download fails fast and offline
-    env.update(TIKTOKEN_CACHE_DIR=str(tmp_path / "cache"), HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")
-    r = run(["quickstart", "--run-dir", str(tmp_path / "run")], env=env, timeout=120)
+    env.update(TIKTOKEN_CACHE_DIR=str(tmp_path / "cache"), HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9",
+               PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path))
+    return env
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_quickstart_without_ranks_says_how_to_provide_them(tmp_path, offline):
+    args = ["quickstart", "--run-dir", str(tmp_path / "run")] + (["--offline"] if offline else [])
+    r = run(args, env=_no_network_env(tmp_path), timeout=180)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     assert "pip download --no-deps --no-binary :all: openai-whisper==20250625" in r.stderr
     assert "MAMBA3_LITE_GPT2_RANKS" in r.stderr and "install-tokenizer" in r.stderr
+    assert ("openai-whisper sdist on PyPI" in r.stdout) != offline  # the PyPI fallback is tried unless --offline
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing was trained
 
 

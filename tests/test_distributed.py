@@ -2,6 +2,7 @@
 micro-batch 2b — the same global batch — in every step's loss and in the final weights."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,18 @@ def losses(run_dir):
     return out
 
 
-def run(args, env):
-    r = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
+def run(args, env, timeout=300):
+    "Run `python -m args` in its own process group; on a timeout kill the whole group (torchrun and its workers)."
+    p = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"{' '.join(args)} timed out after {timeout}s:\n{err[-3000:]}")
+    assert p.returncode == 0, err[-3000:]
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def assert_same_run(one, two):
