@@ -11,7 +11,7 @@ __all__ = ['GPT2_VOCAB_SIZE', 'GPT2_EOS_ID', 'GPT2_RANKS_SHA256', 'R50K_URL', 'R
            'window_naive', 'window_fast', 'PretrainDataset', 'WindowSampler', 'prepare_parser', 'prepare_cli',
            'install_tokenizer_cli']
 
-# %% ../nbs/04_data.ipynb #044eb142
+# %% ../nbs/04_data.ipynb #226dda22
 import argparse
 import base64
 import bisect
@@ -33,7 +33,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-# %% ../nbs/04_data.ipynb #327112c7
+from .checkpoint import atomic_write
+
+# %% ../nbs/04_data.ipynb #e091e994
 GPT2_VOCAB_SIZE = 50_257
 GPT2_EOS_ID = 50_256  # also the PAD id
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -104,13 +106,11 @@ def gpt2_encoding(bpe_file=None):
         raise TokenizerUnavailableError(f"{TOKENIZER_HELP}\n(tiktoken said: {type(e).__name__}: {str(e)[:200]})") from None
 
 def install_tokenizer(ranks_file, cache_dir=None) -> Path:
-    "Copy a verified GPT-2 ranks file into tiktoken's cache (temp name + rename); returns the installed path."
+    "Copy a verified GPT-2 ranks file into tiktoken's cache (crash-safe: temp name, fsync, rename); returns the installed path."
     data = _verified_ranks_bytes(ranks_file, "install_tokenizer")
     dest = r50k_cache_path(cache_dir)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + f".{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, dest)
+    atomic_write(dest, lambda tmp: tmp.write_bytes(data))
     return dest
 
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -134,7 +134,7 @@ def ranks_from_pypi(workdir) -> Path:
     _verified_ranks_bytes(out, f"{WHISPER_SDIST} sdist")
     return out
 
-# %% ../nbs/04_data.ipynb #3b620c66
+# %% ../nbs/04_data.ipynb #15a943b3
 SHARD_MAGIC = b"M3LTOKEN"
 SHARD_VERSION = 1
 HEADER = struct.Struct("<8sIIQII")   # magic, version, dtype code, n_tokens, vocab_size, eos_id
@@ -147,13 +147,12 @@ def token_dtype_code(vocab_size: int) -> int:
     if not 0 < vocab_size <= 2**32: raise ValueError(f"vocab_size must be in 1..2**32, got {vocab_size}")
     return 1 if vocab_size <= 2**16 else 2
 
-def _atomic_write(path: Path, chunks) -> None:
-    "Write byte chunks to `path` through a temporary name + fsync + rename."
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        for c in chunks: f.write(c)
-        f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _atomic_write(path: Path, chunks) -> str:
+    "Write byte chunks to `path` with the checkpoint module's commit (temp name, fsync, rename); returns the sha256 read back."
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            for c in chunks: f.write(c)
+    return atomic_write(path, write)["sha256"]
 
 def shard_bytes(tokens: np.ndarray, vocab_size: int, eos_id: int) -> tuple:
     "(header bytes, token bytes) of one shard; ids are checked against vocab_size, never cast silently."
@@ -168,8 +167,7 @@ def shard_bytes(tokens: np.ndarray, vocab_size: int, eos_id: int) -> tuple:
 def write_shard(path, tokens, vocab_size: int = GPT2_VOCAB_SIZE, eos_id: int = GPT2_EOS_ID) -> str:
     "Write one shard atomically; returns the sha256 of the whole file."
     head, body = shard_bytes(tokens, vocab_size, eos_id)
-    _atomic_write(Path(path), (head, body))
-    return hashlib.sha256(head + body).hexdigest()
+    return _atomic_write(Path(path), (head, body))
 
 # %% ../nbs/04_data.ipynb #271db4a4
 class Shard:
