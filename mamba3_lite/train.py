@@ -784,44 +784,8 @@ def evaluate_bits_per_byte(model, batches, decode_bytes: Callable[[list], bytes]
     return {"loss": loss, "ppl": math.exp(min(loss, 80.0)), "bits_per_byte": nll / (math.log(2) * n_bytes),
             "tokens": n_tok, "bytes": n_bytes}
 
-# %% ../nbs/07_train.ipynb #eb782b66
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    "ArgumentParser whose errors are one line (raised, printed by `_run`)."
-    def error(self, message):
-        raise _UsageError(message)
-
-
-def _user_errors() -> tuple:
-    from mamba3_lite.data import TokenizerUnavailableError
-    return (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
-            TokenizerUnavailableError)
-
-
-def _run(parser: argparse.ArgumentParser, argv, body) -> int:
-    try:
-        args = parser.parse_args(argv)
-    except _UsageError as e:
-        print(f"{parser.prog}: error: {e} (see --help)", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
-    if os.environ.get("MAMBA3_LITE_DEBUG") == "1":
-        return body(args)
-    try:
-        return body(args)
-    except _user_errors() as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"{parser.prog}: failed: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
+# %% ../nbs/07_train.ipynb #c5097ce5
+from .data import CLIParser, run_cli  # the runner every mamba3-lite command shares
 
 
 def _positive(s: str) -> int:
@@ -839,7 +803,7 @@ def _step(s: str) -> int:
 
 
 def train_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="mamba3-lite train", description=
+    p = CLIParser(prog="mamba3-lite train", description=
         "Pretrain a Mamba-3 LM from a YAML config (sections model/data/training). Flags override the YAML. "
         "Resumes automatically from the latest valid checkpoint in the checkpoint directory. "
         "Multi-GPU: torchrun --nproc_per_node=K -m mamba3_lite.train --config F ...")
@@ -889,11 +853,11 @@ def train_cli(argv=None) -> int:
                   f"val_loss {first if first is None else round(first, 4)} -> {last if last is None else round(last, 4)} | "
                   f"run dir {res['run_dir']}")
         return 0
-    return _run(train_parser(), argv, body)
+    return run_cli(train_parser(), argv, body)
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="mamba3-lite eval", description=
+    p = CLIParser(prog="mamba3-lite eval", description=
         "Validation loss, perplexity and bits per byte of a trained checkpoint. Bits per byte = total NLL / "
         "(ln 2 x UTF-8 bytes of the GPT-2 decoding of the evaluated target tokens).")
     p.add_argument("--checkpoint-dir", required=True, metavar="D", help="run directory written by `mamba3-lite train`")
@@ -919,11 +883,11 @@ def eval_cli(argv=None) -> int:
         print(f"step={meta['step']} | {a.split}_loss={r['loss']:.4f} | ppl={r['ppl']:.2f} | "
               f"bits_per_byte={r['bits_per_byte']:.4f} | tokens={r['tokens']:,} | bytes={r['bytes']:,}")
         return 0
-    return _run(eval_parser(), argv, body)
+    return run_cli(eval_parser(), argv, body)
 
 
 def generate_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="mamba3-lite generate", description="Continue a text prompt with a trained checkpoint (GPT-2 BPE).")
+    p = CLIParser(prog="mamba3-lite generate", description="Continue a text prompt with a trained checkpoint (GPT-2 BPE).")
     p.add_argument("--checkpoint-dir", required=True, metavar="D", help="run directory written by `mamba3-lite train`")
     p.add_argument("--step", type=_step, metavar="N", help="checkpoint step (default: the latest valid one)")
     p.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
@@ -953,7 +917,7 @@ def generate_cli(argv=None) -> int:
                              eos_id=enc.eot_token, seed=a.seed)
         print(enc.decode(out[0].tolist()))
         return 0
-    return _run(generate_parser(), argv, body)
+    return run_cli(generate_parser(), argv, body)
 
 # %% ../nbs/07_train.ipynb #1df71399
 def _in_ipython() -> bool:
