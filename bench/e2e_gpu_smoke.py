@@ -399,6 +399,7 @@ class patched_env:
 def check_train(ctx, c: Check):
     import safetensors.torch
     from mamba3_lite.checkpoint import CheckpointManager
+    from mamba3_lite.logger import read_metrics
     from mamba3_lite.train import Pretrainer, run_training
 
     cfg = train_config(ctx)
@@ -411,8 +412,7 @@ def check_train(ctx, c: Check):
         res = run_training(cfg, log=log)
         sync(ctx.device)
         train_s = time.perf_counter() - t0
-        records = [json.loads(line) for line in (ctx.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        train_losses = [r["loss"] for r in records if r.get("kind") == "train"]
+        train_losses = [r["loss"] for r in read_metrics(ctx.run_dir) if r.get("kind") == "train"]
         mgr = CheckpointManager(ctx.run_dir)
         steps, latest = mgr.list_steps(), mgr.latest_step()
         trainer = Pretrainer(cfg, log=log)                     # a new process would see exactly this directory

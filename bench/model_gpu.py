@@ -7,8 +7,8 @@ targets + backward (no optimizer step, so the number is the model's, not AdamW's
     MFU = flops_per_token(seq_len) * tokens/s / peak
     flops_per_token = 6 * params + the SSD core's extra (see nbs/03_model.ipynb, `flops_per_token`)
 
-Peak dense bf16 FLOP/s is looked up from the device name (H100/H200 989 TFLOP/s, A100 312, L4 121, ...) or given
-with --peak-tflops. Variants, one per run:
+Peak dense bf16 FLOP/s is looked up from the device name in mamba3_lite.logger.PEAK_BF16_DENSE_FLOPS (H100/H200
+SXM 989 TFLOP/s, A100 312, L4 121, ...) or given with --peak-tflops. Variants, one per run:
 
     python bench/model_gpu.py                                   # 434M, 16x2048, bf16, checkpointing, pytorch SSD
     ENABLE_TRITON_KERNELS=1 python bench/model_gpu.py --ssd-dispatch triton
@@ -25,21 +25,18 @@ import time
 
 import torch
 
+from mamba3_lite.logger import peak_flops_for
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
-
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0,
-                    "4090": 165.0}
 
 
 def peak_tflops(device: torch.device, given):
-    "Dense bf16 peak of the device (TFLOP/s), from --peak-tflops or the device name."
+    "Dense bf16 peak of the device (TFLOP/s), from --peak-tflops or the device name (mamba3_lite.logger's table)."
     if given is not None:
         return given
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, val in PEAK_BF16_TFLOPS.items():
-            if key in name:
-                return val
+        if peak := peak_flops_for(name):
+            return peak / 1e12
         raise SystemExit(f"--peak-tflops: unknown GPU {name!r}; pass its dense bf16 peak in TFLOP/s")
     raise SystemExit("--peak-tflops: required on a non-CUDA device")
 

@@ -33,7 +33,7 @@ if "--cpu" in sys.argv:
 
 import torch  # noqa: E402
 
-from mamba3_lite.ssd import SSDState, ssd_chunked, ssd_random_inputs, ssd_random_state  # noqa: E402
+from mamba3_lite.ssd import SSDState, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state  # noqa: E402
 from mamba3_lite.ssd_triton import ssd_triton  # noqa: E402
 
 ISSUE_ROOFLINE_FWD_US = 67.0   # issue 3: ≈ 67 µs forward per layer at the main shape on an H200
@@ -111,10 +111,6 @@ def make_inputs(b, T, H, P, N, S, device, dtype, seed=0, mamba2=False):
     if mamba2:
         kw["lam"] = torch.ones_like(kw["lam"]); kw["theta"] = None; kw["D"] = None
     return kw
-
-
-def nmax(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
 def load_fla():

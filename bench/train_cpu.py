@@ -94,7 +94,7 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     mamba = Mamba3Transformer(ModelConfig.from_preset(a.preset, ssd_dispatch="pytorch", grad_checkpoint=False))
-    cfg = mamba.config if hasattr(mamba, "config") else mamba.cfg
+    cfg = mamba.config
     target = n_params(mamba)
     d = cfg.d_model
     heads = max(1, d // 16)

@@ -13,7 +13,6 @@ Target (issue 7): >= 100k tokens/s on one H200 (~35% MFU). bench/gpu_suite.sh ru
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path

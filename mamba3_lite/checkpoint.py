@@ -7,11 +7,10 @@ __all__ = ['TMP_SUFFIX', 'FORMAT', 'RESUME_KEYS', 'CheckpointWarning', 'temp_pat
            'seal', 'atomic_write', 'check_json', 'capture_rng_state', 'restore_rng_state', 'strip_compile_prefix',
            'unwrap_compiled', 'independent_tensors', 'CheckpointCorruptError', 'CheckpointManager']
 
-# %% ../nbs/05_checkpoint.ipynb #b3cc3ac1
+# %% ../nbs/05_checkpoint.ipynb #a59da9a9
 import base64
 import contextlib
 import hashlib
-import io
 import json
 import math
 import os

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-# %% ../nbs/08_cli.ipynb #bfe2d8f6
+# %% ../nbs/08_cli.ipynb #58af5261
 COMMANDS = {
     "quickstart": ("mamba3_lite.cli", "quickstart_cli", "the main job: prepare the stdlib corpus, train tiny on CPU, evaluate, plot, generate"),
     "prepare": ("mamba3_lite.data", "prepare_cli", "tokenize text/.jsonl files into GPT-2 token shards"),
@@ -42,10 +42,7 @@ def main(argv=None) -> int:
         print(f"mamba3-lite: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module, func, _ = COMMANDS[name]
-    try:
-        return int(getattr(importlib.import_module(module), func)(rest) or 0)
-    except SystemExit as e:  # argparse's --help / usage errors
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    return getattr(importlib.import_module(module), func)(rest)
 
 # %% ../nbs/08_cli.ipynb #ed30c60c
 DEFAULT_PROMPT = "import os\n\n\ndef read_lines(path):\n"

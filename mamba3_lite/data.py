@@ -11,7 +11,7 @@ __all__ = ['GPT2_VOCAB_SIZE', 'GPT2_EOS_ID', 'GPT2_RANKS_SHA256', 'R50K_URL', 'R
            'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'PretrainDataset', 'WindowSampler', 'UsageError',
            'CLIParser', 'run_cli', 'prepare_parser', 'prepare_cli', 'install_tokenizer_cli']
 
-# %% ../nbs/04_data.ipynb #226dda22
+# %% ../nbs/04_data.ipynb #0a784d2a
 import argparse
 import base64
 import bisect
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .checkpoint import atomic_write
+from .checkpoint import atomic_write, file_digest
 
 # %% ../nbs/04_data.ipynb #e091e994
 GPT2_VOCAB_SIZE = 50_257
@@ -169,7 +169,7 @@ def write_shard(path, tokens, vocab_size: int = GPT2_VOCAB_SIZE, eos_id: int = G
     head, body = shard_bytes(tokens, vocab_size, eos_id)
     return _atomic_write(Path(path), (head, body))
 
-# %% ../nbs/04_data.ipynb #271db4a4
+# %% ../nbs/04_data.ipynb #327781c0
 class Shard:
     "One memory-mapped token shard: `.tokens` (1-D numpy view), `.path`, header fields, `.release()` drops mapped pages."
     def __init__(self, path):
@@ -193,11 +193,7 @@ class Shard:
     def release(self):
         "Drop this process's mapped pages (they stay in the page cache); the next read faults them back in."
         if self._mm is not None and hasattr(mmap, "MADV_DONTNEED"): self._mm.madvise(mmap.MADV_DONTNEED)
-    def sha256(self) -> str:
-        h = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""): h.update(block)
-        return h.hexdigest()
+    def sha256(self) -> str: return file_digest(self.path)["sha256"]   # of the whole file, header included
 
 # %% ../nbs/04_data.ipynb #74fdd573
 DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl")

@@ -5,8 +5,7 @@
 # %% auto #0
 __all__ = ['ssd_triton']
 
-# %% ../nbs/01_ssd_triton.ipynb #96fee4f6
-import math
+# %% ../nbs/01_ssd_triton.ipynb #331117ee
 import os
 import warnings
 
@@ -17,7 +16,7 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 from torch.autograd.function import once_differentiable
 
-from .ssd import SSDState, rotate_pairs, ssd_chunked
+from .ssd import SSDState, angle_rate, rotate_pairs, scan_scalars, seed_state, ssd_chunked
 
 # %% ../nbs/01_ssd_triton.ipynb #62b5dec8
 def _check_block_dims(P, N, chunk_size):
@@ -363,7 +362,7 @@ class _SSDCore(torch.autograd.Function):
                 None if D is None else dD.sum(0).to(D.dtype), dh0 if has_h0 else None,
                 dphi0 if has_phi0 else None, None, None, None)
 
-# %% ../nbs/01_ssd_triton.ipynb #67a8ae39
+# %% ../nbs/01_ssd_triton.ipynb #edbf7d27
 _MIMO_WARNED = False
 
 def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias):
@@ -398,15 +397,6 @@ def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bia
         raise ValueError(f"x: ssd_triton needs CUDA tensors (got {x.device}), or TRITON_INTERPRET=1 set before importing mamba3_lite.ssd_triton")
     if precision not in ("ieee", "tf32"): raise ValueError(f'precision: expected "ieee" or "tf32", got {precision!r}')
 
-def _scan_scalars(dt, A, lam):
-    "fp32 ΔA, γ = λΔ, ε = (1-λ)Δ and σ_t = γ_t + ε_{t+1} (ε_T = 0), all (b, T, H)."
-    dt, lam = dt.float(), lam.float()
-    A = A.float().expand_as(dt)
-    gam = lam * dt
-    eps = (1 - lam) * dt
-    sig = gam + torch.cat((eps[:, 1:], torch.zeros_like(eps[:, :1])), 1)
-    return (A * dt).contiguous(), gam.contiguous(), eps, sig.contiguous()
-
 def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, precision="ieee",
                B_bias=None, C_bias=None):
     """Fused Triton Mamba-3 SSD (SISO): same contract as `mamba3_lite.ssd.ssd_chunked`; returns (y, SSDState).
@@ -425,16 +415,15 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     _check_block_dims(x.shape[-1], B.shape[-1] if isinstance(B, Tensor) else B, chunk_size)
     _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias)
     b, T, H, P = x.shape
-    adt, gam, eps, sig = _scan_scalars(dt, A, lam)
+    adt, gam, eps, sig = (t.contiguous() for t in scan_scalars(dt.float(), A.float().expand(b, T, H), lam.float()))   # fp32 (b, T, H)
     om = None                                                             # angle rates ω = π·tanh(θ), (b, T, 1|H, S)
     if theta is not None:
-        th = theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :]
-        om = (torch.tanh(th).double() * math.pi).float().contiguous()   # π in fp64: fp32's π is 2.8e-8 too large
+        om = angle_rate(theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :]).contiguous()
     S = 0 if om is None else om.shape[-1]
     h0 = phi0 = None
     if initial_state is not None:
         angle, h, k, v = initial_state
-        h0 = (h.float() + eps[:, 0, :, None, None] * v.float()[..., :, None] * k.float()[..., None, :]).contiguous()
+        h0 = seed_state(h.float(), k.float()[:, :, None], v.float()[:, :, None], eps[:, 0]).contiguous()   # h'_{-1}
         if S: phi0 = angle.float().contiguous()
     if S and phi0 is None: phi0 = torch.zeros(b, H, S, device=x.device, dtype=torch.float32)
     Df = None if D is None else D.float().contiguous()

@@ -12,6 +12,7 @@ import yaml
 from safetensors.torch import load_file
 
 from mamba3_lite import train as T
+from mamba3_lite.logger import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,12 +29,8 @@ def cfg_file(path, run_dir, micro_batch, parallel="ddp"):
 
 
 def losses(run_dir):
-    out = {}
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r.get("kind", "train") == "train" and "loss" in r:
-            out[r["step"]] = r["loss"]
-    return out
+    "{step: training loss} from the run's metrics.jsonl."
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r.get("kind", "train") == "train" and "loss" in r}
 
 
 def run(args, env, timeout=300):

@@ -11,12 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mamba3_lite.ssd import SSDState, ssd_chunked, ssd_random_inputs, ssd_random_state
+from mamba3_lite.ssd import SSDState, angle_err, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state
 from mamba3_lite.ssd_triton import _check_block_dims, ssd_triton
-
-
-def nmax(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
 def case(T, S, init, seed, b=2, H=2, P=16, N=32, per_head_theta=False):
@@ -169,12 +165,6 @@ def test_kernels_compile_for_sm90_without_a_gpu():
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("fwd ") == 4 and out.stdout.count("bwd ") == 4, out.stdout   # 2 dtypes x bias on/off
-
-
-def angle_err(a, b):
-    """Largest circular distance between two angle tensors (rad)."""
-    d = torch.remainder(a.double() - b.double() + math.pi, 2 * math.pi) - math.pi
-    return d.abs().max().item()
 
 
 def long_turning_case(T, seed=5):

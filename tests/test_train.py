@@ -18,6 +18,7 @@ import yaml
 
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite import train as T
+from mamba3_lite.logger import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = lambda s: None  # noqa: E731
@@ -38,12 +39,7 @@ def tiny_cfg(run_dir, **training):
 
 def step_losses(run_dir) -> dict:
     "{step: training loss} from the run's metrics.jsonl (the last record of a step wins, as after a resume)."
-    out = {}
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r.get("kind", "train") == "train" and "loss" in r:
-            out[r["step"]] = r["loss"]
-    return out
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r.get("kind", "train") == "train" and "loss" in r}
 
 
 # -- train_step ---------------------------------------------------------------------------------------------
