@@ -422,17 +422,18 @@ def _file_rss_bytes() -> int:
     if pid not in _STATM_FD: _STATM_FD.clear(); _STATM_FD[pid] = os.open("/proc/self/statm", os.O_RDONLY)
     return int(os.pread(_STATM_FD[pid], 128, 0).split()[2]) * mmap.PAGESIZE
 
-# %% ../nbs/04_data.ipynb #faf8a4a4
+# %% ../nbs/04_data.ipynb #343f4967
 class PretrainDataset(Dataset):
     "Next-token windows `(x, y)` (each `(L,)` CPU torch.long) over a flat token stream: one file or a directory of shards."
     def __init__(self, data_path, max_seq_len: int, vocab_size: int, split: str = "train", dummy: bool = False,
-                 dummy_windows: int = 1000, seed: int = 0, full_check: bool = False, max_resident_mb: float = 32):
+                 dummy_windows: int = 1000, seed: int = 0, full_check: bool = False, max_resident_mb: float = 32,
+                 seam_cache_mb: float = 64):
         if not isinstance(max_seq_len, int) or max_seq_len < 1: raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
         if not isinstance(vocab_size, int) or vocab_size < 1: raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
-        self._args = (data_path, max_seq_len, vocab_size, split, dummy, dummy_windows, seed, False, max_resident_mb)
+        self._args = (data_path, max_seq_len, vocab_size, split, dummy, dummy_windows, seed, False, max_resident_mb, seam_cache_mb)
         self.max_seq_len, self.vocab_size, self.seed = max_seq_len, vocab_size, seed
         self.manifest, self.names, self._shard_objs, self._is_ours, self._touched = None, [], [], [], set()
-        self._budget = None
+        self._budget, self._seams = None, {}
         if dummy:
             msg = (f"PretrainDataset: dummy=True -> {dummy_windows} windows of SEEDED RANDOM TOKENS (seed {seed}), "
                    f"data_path {data_path!r} is ignored. Use this for --dry-run plumbing checks only; the loss means nothing.")
@@ -453,6 +454,18 @@ class PretrainDataset(Dataset):
         self._n = max((self.total_tokens - 1) // max_seq_len, 0)
         if self._n == 0:
             raise ValueError(f"{p}: {self.total_tokens} tokens make no window of {max_seq_len}+1 tokens; need at least {max_seq_len + 1}")
+        self._seams = self._stitch_seams(seam_cache_mb)
+
+    def _stitch_seams(self, cap_mb) -> dict:
+        "The windows that cross a shard boundary, stitched and id-checked once: {window index: (L+1,) int64}, or {} over `cap_mb`."
+        L = self.max_seq_len
+        crossing = sorted({(b - 1) // L for b in self.offsets[1:] if 0 < b and (b - 1) // L < self._n})  # one per boundary
+        if cap_mb is None or len(crossing) * (L + 1) * 8 > cap_mb * 2**20: return {}
+        seams = {}
+        for i in crossing:
+            x, y = window_fast(self.shards, self.offsets, self.sizes, i, L, self.vocab_size, self.names)
+            seams[i] = np.concatenate([x.numpy(), y[-1:].numpy()])
+        return seams
 
     def _open(self, p: Path, full_check: bool):
         if p.is_dir():
@@ -516,6 +529,10 @@ class PretrainDataset(Dataset):
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + idx)
             chunk = torch.randint(0, self.vocab_size, (self.max_seq_len + 1,), generator=g)
             return chunk[:-1], chunk[1:]
+        seam = self._seams.get(idx)
+        if seam is not None:                                      # a boundary-crossing window: copy its stitched buffer
+            chunk = seam.copy()
+            return torch.from_numpy(chunk[:-1]), torch.from_numpy(chunk[1:])
         if self._budget is None:
             return window_fast(self.shards, self.offsets, self.sizes, idx, self.max_seq_len, self.vocab_size, self.names)
         self._reads += 1
