@@ -56,3 +56,21 @@ def test_scan_catches_what_it_should(text, expected):
 def test_notebooks_and_readme_are_self_contained():
     found = [f"{where} {h}" for where, text in documents() for h in hits(text)]
     assert not found, f"{len(found)} references a reader cannot follow:\n" + "\n".join(found)
+
+
+def plotting_cells(nb):
+    "Code cells that draw a figure and that a CPU run executes (not flagged `#| gpu` or `#| eval: false`)."
+    for i, cell in enumerate(nb["cells"]):
+        src = "".join(cell["source"])
+        if cell["cell_type"] != "code" or re.search(r"^\s*#\|\s*(gpu|eval:\s*false)", src, flags=re.M): continue
+        if re.search(r"\bplt\.show\(|\bplot_metrics\(", src): yield i, cell
+
+
+@pytest.mark.parametrize("nb", sorted((REPO / "nbs").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebook_is_saved_executed_with_its_plots(nb):
+    "Each notebook is committed with its outputs (run .ci/execute_notebooks.sh): every figure it draws is saved as a PNG."
+    assert nb.stat().st_size < 1.5e6, f"{nb.name} is {nb.stat().st_size / 1e6:.2f} MB (limit 1.5 MB)"
+    cells = json.loads(nb.read_text())["cells"]
+    missing = [i for i, cell in plotting_cells({"cells": cells})
+               if not any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))]
+    assert not missing, f"{nb.name}: cells {missing} draw a figure but have no saved PNG; run .ci/execute_notebooks.sh {nb.relative_to(REPO)}"
