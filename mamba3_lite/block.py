@@ -118,6 +118,7 @@ class SSDInputs(NamedTuple):
     z: torch.Tensor       # (b,T,H,P) gate
 
 
+# %% ../nbs/02_block.ipynb #fa88ec98
 class Mamba3Block(nn.Module):
     "The Mamba-3 mixer: in_proj -> Δ, A, λ, BC-norm, angles -> SSD -> gate -> out_proj."
     def __init__(self, d_model: int, d_state: int = 128, expand: int = 2, headdim: int = 64, ngroups: int = 1,

@@ -79,15 +79,18 @@ class ModelConfig:
             require(key in fields, key, f"not a ModelConfig field (fields: {sorted(fields)})")
         return cls(**{**PRESETS[name], **overrides})
 
-    def mixer_kwargs(self) -> dict:
-        "Keyword arguments for Mamba3Block."
-        return dict(d_state=self.d_state, expand=self.expand, headdim=self.headdim, ngroups=self.ngroups,
-                    rope_fraction=self.rope_fraction, is_mimo=self.is_mimo, mimo_rank=self.mimo_rank,
-                    chunk_size=self.chunk_size, ssd_dispatch=self.ssd_dispatch, outproj_norm=self.outproj_norm,
-                    dt_min=self.dt_min, dt_max=self.dt_max, dt_init_floor=self.dt_init_floor, a_floor=self.a_floor,
-                    norm_eps=self.norm_eps)
 
+# %% ../nbs/03_model.ipynb #49ffe8bb
+@patch
+def mixer_kwargs(self: ModelConfig) -> dict:
+    "Keyword arguments for Mamba3Block."
+    return dict(d_state=self.d_state, expand=self.expand, headdim=self.headdim, ngroups=self.ngroups,
+                rope_fraction=self.rope_fraction, is_mimo=self.is_mimo, mimo_rank=self.mimo_rank,
+                chunk_size=self.chunk_size, ssd_dispatch=self.ssd_dispatch, outproj_norm=self.outproj_norm,
+                dt_min=self.dt_min, dt_max=self.dt_max, dt_init_floor=self.dt_init_floor, a_floor=self.a_floor,
+                norm_eps=self.norm_eps)
 
+# %% ../nbs/03_model.ipynb #d923e11a
 _TINY = dict(vocab_size=50257, d_model=64, n_layers=4, d_ff=192, d_state=32, expand=2, headdim=16, chunk_size=16)
 PRESETS = {
     # the CPU test model; every SSD dim >= 16 so the Triton kernel runs on it too
@@ -210,6 +213,7 @@ class TiedLMHead(nn.Module):
         return f"tied to embed.weight {tuple(self.weight.shape)}"
 
 
+# %% ../nbs/03_model.ipynb #7df38e6e
 class Mamba3Transformer(nn.Module):
     "embedding -> n_layers x Mamba3Layer -> RMSNorm -> tied LM head."
     def __init__(self, cfg: ModelConfig):
