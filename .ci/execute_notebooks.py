@@ -46,7 +46,8 @@ def skipped(cell, flags):
 
 def portable(text):
     "Replace machine-specific strings in an output."
-    subs = [(str(REPO), "<repo>"), (str(REPO.resolve()), "<repo>"), (str(Path.home()), "~")]
+    subs = [(sys.prefix, "<venv>"), (sys.base_prefix, "<python>"), (str(REPO), "<repo>"), (str(REPO.resolve()), "<repo>"),
+            (str(Path.home()), "~")]
     subs += [(d, "<tmp>") for d in {tempfile.gettempdir(), "/tmp", "/var/tmp"}]
     for old, new in subs: text = text.replace(old, new)
     text = re.sub(r"<tmp>/[\w.\-]+", "<tmp>/…", text)                        # random temp-dir names
