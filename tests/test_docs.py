@@ -59,11 +59,11 @@ def test_notebooks_and_readme_are_self_contained():
 
 
 def plotting_cells(nb):
-    "Code cells that draw a figure and that a CPU run executes (not flagged `#| gpu` or `#| eval: false`)."
+    "Code cells that show a figure (plt.show, display(Image)) and that a CPU run executes (not `#| gpu`, `#| eval: false` or an export)."
     for i, cell in enumerate(nb["cells"]):
         src = "".join(cell["source"])
-        if cell["cell_type"] != "code" or re.search(r"^\s*#\|\s*(gpu|eval:\s*false)", src, flags=re.M): continue
-        if re.search(r"\bplt\.show\(|\bplot_metrics\(", src): yield i, cell
+        if cell["cell_type"] != "code" or re.search(r"^\s*#\|\s*(gpu|eval:\s*false|export)", src, flags=re.M): continue
+        if re.search(r"\bplt\.show\(|\bdisplay\(Image\(", src): yield i, cell
 
 
 @pytest.mark.parametrize("nb", sorted((REPO / "nbs").glob("*.ipynb")), ids=lambda p: p.name)
