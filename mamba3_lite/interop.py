@@ -129,7 +129,7 @@ def trim_mlp(fc1: torch.Tensor, fc2: torch.Tensor, f: int):
     value, gate = fc1.chunk(2)
     return torch.cat([value[:f], gate[:f]]), fc2[:, :f]
 
-# %% ../nbs/14_interop.ipynb #fec8937f
+# %% ../nbs/14_interop.ipynb #8fd774ba
 def _permute_bc(mixer: dict, cfg: ModelConfig, order: torch.Tensor) -> dict:
     "Reorder the state dim N of the B/C rows of in_proj (R, G, N), the B/C norms (N) and biases (H, R, N)."
     d_in, RGN = cfg.d_inner, cfg.rank * cfg.ngroups * cfg.d_state
@@ -141,9 +141,9 @@ def _permute_bc(mixer: dict, cfg: ModelConfig, order: torch.Tensor) -> dict:
     return out
 
 
-# the official Mamba3's parameters in its registration order (mamba_ssm/modules/mamba3.py)
-OFFICIAL_MIXER_ORDER = ("in_proj.weight", "dt_bias", "B_bias", "C_bias", "B_norm.weight", "C_norm.weight", "mimo_x",
-                        "mimo_z", "mimo_o", "D", "norm.weight", "out_proj.weight")
+# the official Mamba3's state_dict order (mamba_ssm/modules/mamba3.py): its own parameters, then its submodules'
+OFFICIAL_MIXER_ORDER = ("dt_bias", "B_bias", "C_bias", "mimo_x", "mimo_z", "mimo_o", "D", "in_proj.weight",
+                        "B_norm.weight", "C_norm.weight", "norm.weight", "out_proj.weight")
 
 
 def _mixer_to_official(mixer: dict, cfg: ModelConfig) -> dict:
