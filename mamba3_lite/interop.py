@@ -6,7 +6,8 @@
 __all__ = ['OFFICIAL_EPS', 'MLP_MULTIPLE', 'MAMBA_CONFIG_DEFAULTS', 'MAMBA3_DEFAULTS', 'MIXER_FIELDS', 'OFFICIAL_MIXER_ORDER',
            'WEIGHT_FILES', 'round_up', 'mamba_ssm_config', 'model_config_from_mamba_ssm', 'official_state_order',
            'pad_mlp', 'mlp_padding_is_zero', 'trim_mlp', 'to_mamba_ssm', 'official_layout', 'from_mamba_ssm',
-           'save_pretrained', 'from_pretrained']
+           'save_pretrained', 'from_pretrained', 'export_run', 'import_run', 'export_parser', 'export_cli',
+           'import_parser', 'import_cli']
 
 # %% ../nbs/14_interop.ipynb #cf5bcb45
 import dataclasses
@@ -295,3 +296,90 @@ def from_pretrained(source) -> Mamba3Transformer:
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{files['config.json']}: not valid JSON ({e})") from None
     return from_mamba_ssm(config, _read_weights(files))
+
+# %% ../nbs/14_interop.ipynb #f1a568f4
+def export_run(run_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:
+    "Write checkpoint `step` (default: the latest valid one) of a run directory as an official-layout model directory."
+    from mamba3_lite.train import load_trained
+
+    model, _, meta = load_trained(run_dir, step, log=lambda s: None)
+    save_pretrained(model, out_dir, torch_bin=torch_bin)
+    return {"step": meta["step"], "out_dir": str(out_dir), "files": sorted(p.name for p in Path(out_dir).iterdir())}
+
+
+def _model_section(cfg: ModelConfig) -> dict:
+    "The `model:` section of a TrainingConfig for `cfg`: a preset name when one matches, else every field."
+    from mamba3_lite.model import PRESETS
+
+    same = [name for name in PRESETS if ModelConfig.from_preset(name) == cfg]
+    return {"preset": same[0]} if same else {"preset": "tiny", **dataclasses.asdict(cfg)}
+
+
+def import_run(source, run_dir, base_config=None) -> dict:
+    "Convert an official-layout model (directory or hub id) into step 0 of a new run directory, plus its config.yaml."
+    import yaml
+    from mamba3_lite.checkpoint import CheckpointManager
+    from mamba3_lite.train import TrainingConfig, config_to_dict, load_config
+
+    run_dir = Path(run_dir)
+    mgr = CheckpointManager(run_dir)
+    if mgr.list_steps():
+        raise ValueError(f"{run_dir}: already holds checkpoints (steps {mgr.list_steps()}); import into a new run directory")
+    model = from_pretrained(source)
+    cfg = TrainingConfig() if base_config is None else load_config(base_config)
+    cfg = dataclasses.replace(cfg, model=_model_section(model.config),
+                              training=dataclasses.replace(cfg.training, checkpoint_dir=str(run_dir)))
+    plain = config_to_dict(cfg)
+    mgr.save(model, None, 0, extra_meta={"config": plain, "tag": "import", "imported_from": str(source)})
+    atomic_write(run_dir / "config.yaml", lambda p: p.write_text(yaml.safe_dump(plain, sort_keys=False)))
+    return {"run_dir": str(run_dir), "step": 0, "config": str(run_dir / "config.yaml"),
+            "parameters": model.num_parameters()}
+
+# %% ../nbs/14_interop.ipynb #f8673f07
+def export_parser():
+    from mamba3_lite.data import CLIParser
+
+    p = CLIParser(prog="mamba3-lite export", description=
+        "Write a checkpoint of a run as a model directory in the official mamba_ssm layout: config.json, "
+        "model.safetensors and pytorch_model.bin (what mamba_ssm's MambaLMHeadModel.from_pretrained reads).")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by `mamba3-lite train`")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="model directory to write (created)")
+    p.add_argument("--step", type=int, metavar="N", help="checkpoint step (default: the latest valid one)")
+    p.add_argument("--no-torch-bin", action="store_true", help="skip pytorch_model.bin (model.safetensors only)")
+    return p
+
+
+def export_cli(argv=None) -> int:
+    "`mamba3-lite export ...`; returns the exit code."
+    from mamba3_lite.data import run_cli
+
+    def body(a):
+        r = export_run(a.run_dir, a.out_dir, a.step, torch_bin=not a.no_torch_bin)
+        print(f"exported step {r['step']} of {a.run_dir} to {r['out_dir']}: {', '.join(r['files'])}")
+        return 0
+    return run_cli(export_parser(), argv, body)
+
+
+def import_parser():
+    from mamba3_lite.data import CLIParser
+
+    p = CLIParser(prog="mamba3-lite import", description=
+        "Convert a model in the official mamba_ssm layout (a directory with config.json and model.safetensors or "
+        "pytorch_model.bin, or a Hugging Face hub id when huggingface_hub is installed) into step 0 of a new run "
+        "directory that `train`, `eval` and `generate` accept, with its config.yaml.")
+    p.add_argument("source", metavar="SRC_DIR", help="model directory or hub id")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="new run directory")
+    p.add_argument("--config", metavar="YAML", help="take the data/training sections of config.yaml from this file")
+    return p
+
+
+def import_cli(argv=None) -> int:
+    "`mamba3-lite import ...`; returns the exit code."
+    from mamba3_lite.data import run_cli
+
+    def body(a):
+        r = import_run(a.source, a.out, a.config)
+        print(f"imported {a.source} ({r['parameters']:,} parameters) as step 0 of {r['run_dir']}; "
+              f"continue training with: mamba3-lite train --config {r['config']}")
+        return 0
+    return run_cli(import_parser(), argv, body)
