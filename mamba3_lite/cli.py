@@ -19,6 +19,8 @@ COMMANDS = {
     "train": ("mamba3_lite.train", "train_cli", "pretrain from a YAML config (torchrun for several GPUs)"),
     "eval": ("mamba3_lite.train", "eval_cli", "validation loss, perplexity and bits per byte of a checkpoint"),
     "generate": ("mamba3_lite.train", "generate_cli", "sample text from a checkpoint"),
+    "export": ("mamba3_lite.interop", "export_cli", "write a checkpoint as an official mamba_ssm model directory (config.json + weights)"),
+    "import": ("mamba3_lite.interop", "import_cli", "turn an official mamba_ssm model directory (or hub id) into a run directory"),
     "install-tokenizer": ("mamba3_lite.data", "install_tokenizer_cli", "copy a GPT-2 ranks file into tiktoken's cache (air-gapped machines)"),
 }
 
