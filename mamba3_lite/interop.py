@@ -9,7 +9,7 @@ __all__ = ['OFFICIAL_EPS', 'MLP_MULTIPLE', 'MAMBA_CONFIG_DEFAULTS', 'MAMBA3_DEFA
            'save_pretrained', 'from_pretrained', 'export_run', 'import_run', 'export_parser', 'export_cli',
            'import_parser', 'import_cli']
 
-# %% ../nbs/14_interop.ipynb #cf5bcb45
+# %% ../nbs/14_interop.ipynb #8d9a4415
 import dataclasses
 import json
 from pathlib import Path
@@ -17,9 +17,12 @@ from pathlib import Path
 import safetensors.torch
 import torch
 import torch.nn.functional as F
+import yaml
 
-from .checkpoint import atomic_write
-from .model import Mamba3Transformer, ModelConfig
+from .checkpoint import CheckpointManager, atomic_write
+from .data import CLIParser, run_cli
+from .model import PRESETS, Mamba3Transformer, ModelConfig
+from .train import TrainingConfig, config_to_dict, load_config, load_trained
 
 # %% ../nbs/14_interop.ipynb #20e7f2c4
 OFFICIAL_EPS = 1e-5   # every norm of the official model: blocks, norm_f, the mixer's B/C and output norms
@@ -297,37 +300,29 @@ def from_pretrained(source) -> Mamba3Transformer:
         raise ValueError(f"{files['config.json']}: not valid JSON ({e})") from None
     return from_mamba_ssm(config, _read_weights(files))
 
-# %% ../nbs/14_interop.ipynb #f1a568f4
+# %% ../nbs/14_interop.ipynb #5a4c00fe
 def export_run(run_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:
     "Write checkpoint `step` (default: the latest valid one) of a run directory as an official-layout model directory."
-    from mamba3_lite.train import load_trained
-
     model, _, meta = load_trained(run_dir, step, log=lambda s: None)
     save_pretrained(model, out_dir, torch_bin=torch_bin)
     return {"step": meta["step"], "out_dir": str(out_dir), "files": sorted(p.name for p in Path(out_dir).iterdir())}
 
 
-def _model_section(cfg: ModelConfig) -> dict:
+def _run_model_section(cfg: ModelConfig) -> dict:
     "The `model:` section of a TrainingConfig for `cfg`: a preset name when one matches, else every field."
-    from mamba3_lite.model import PRESETS
-
     same = [name for name in PRESETS if ModelConfig.from_preset(name) == cfg]
     return {"preset": same[0]} if same else {"preset": "tiny", **dataclasses.asdict(cfg)}
 
 
 def import_run(source, run_dir, base_config=None) -> dict:
     "Convert an official-layout model (directory or hub id) into step 0 of a new run directory, plus its config.yaml."
-    import yaml
-    from mamba3_lite.checkpoint import CheckpointManager
-    from mamba3_lite.train import TrainingConfig, config_to_dict, load_config
-
     run_dir = Path(run_dir)
     mgr = CheckpointManager(run_dir)
     if mgr.list_steps():
         raise ValueError(f"{run_dir}: already holds checkpoints (steps {mgr.list_steps()}); import into a new run directory")
     model = from_pretrained(source)
     cfg = TrainingConfig() if base_config is None else load_config(base_config)
-    cfg = dataclasses.replace(cfg, model=_model_section(model.config),
+    cfg = dataclasses.replace(cfg, model=_run_model_section(model.config),
                               training=dataclasses.replace(cfg.training, checkpoint_dir=str(run_dir)))
     plain = config_to_dict(cfg)
     mgr.save(model, None, 0, extra_meta={"config": plain, "tag": "import", "imported_from": str(source)})
@@ -335,10 +330,8 @@ def import_run(source, run_dir, base_config=None) -> dict:
     return {"run_dir": str(run_dir), "step": 0, "config": str(run_dir / "config.yaml"),
             "parameters": model.num_parameters()}
 
-# %% ../nbs/14_interop.ipynb #f8673f07
+# %% ../nbs/14_interop.ipynb #4c3d346e
 def export_parser():
-    from mamba3_lite.data import CLIParser
-
     p = CLIParser(prog="mamba3-lite export", description=
         "Write a checkpoint of a run as a model directory in the official mamba_ssm layout: config.json, "
         "model.safetensors and pytorch_model.bin (what mamba_ssm's MambaLMHeadModel.from_pretrained reads).")
@@ -351,8 +344,6 @@ def export_parser():
 
 def export_cli(argv=None) -> int:
     "`mamba3-lite export ...`; returns the exit code."
-    from mamba3_lite.data import run_cli
-
     def body(a):
         r = export_run(a.run_dir, a.out_dir, a.step, torch_bin=not a.no_torch_bin)
         print(f"exported step {r['step']} of {a.run_dir} to {r['out_dir']}: {', '.join(r['files'])}")
@@ -361,8 +352,6 @@ def export_cli(argv=None) -> int:
 
 
 def import_parser():
-    from mamba3_lite.data import CLIParser
-
     p = CLIParser(prog="mamba3-lite import", description=
         "Convert a model in the official mamba_ssm layout (a directory with config.json and model.safetensors or "
         "pytorch_model.bin, or a Hugging Face hub id when huggingface_hub is installed) into step 0 of a new run "
@@ -375,8 +364,6 @@ def import_parser():
 
 def import_cli(argv=None) -> int:
     "`mamba3-lite import ...`; returns the exit code."
-    from mamba3_lite.data import run_cli
-
     def body(a):
         r = import_run(a.source, a.out, a.config)
         print(f"imported {a.source} ({r['parameters']:,} parameters) as step 0 of {r['run_dir']}; "
