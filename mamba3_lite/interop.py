@@ -66,7 +66,7 @@ def mamba_ssm_config(cfg: ModelConfig, pad_vocab_size_multiple: int = 8) -> dict
                 ssm_cfg=ssm, attn_layer_idx=[], attn_cfg={}, rms_norm=True, residual_in_fp32=True,
                 fused_add_norm=True, pad_vocab_size_multiple=pad_vocab_size_multiple, tie_embeddings=True)
 
-# %% ../nbs/14_interop.ipynb #563f8848
+# %% ../nbs/14_interop.ipynb #407f9f0e
 def _only_known(d: dict, known, where: str):
     unknown = sorted(set(d) - set(known))
     if unknown:
@@ -80,6 +80,12 @@ def model_config_from_mamba_ssm(config: dict, d_ff: int = None) -> ModelConfig:
         _refuse("config", f"expected a dict of MambaConfig fields, got {type(config).__name__}")
     _only_known(config, MAMBA_CONFIG_DEFAULTS, "")
     c = {**MAMBA_CONFIG_DEFAULTS, **config}
+    ssm = c["ssm_cfg"]
+    if not isinstance(ssm, dict):
+        _refuse("ssm_cfg", f"expected a dict, got {type(ssm).__name__}")
+    layer = ssm.get("layer", "Mamba1")
+    if layer != "Mamba3":
+        _refuse("ssm_cfg.layer", f"only Mamba3 mixers can be represented here, got {layer!r} (no layer means Mamba1)")
     if c["attn_layer_idx"]:
         _refuse("attn_layer_idx", f"attention layers cannot be represented here (expected [], got {c['attn_layer_idx']})")
     if not c["rms_norm"]:
@@ -88,12 +94,6 @@ def model_config_from_mamba_ssm(config: dict, d_ff: int = None) -> ModelConfig:
         _refuse("tie_embeddings", "an untied LM head cannot be represented here; expected true")
     if not c["d_intermediate"]:
         _refuse("d_intermediate", "0 means blocks without an MLP, which cannot be represented here; expected > 0")
-    ssm = c["ssm_cfg"]
-    if not isinstance(ssm, dict):
-        _refuse("ssm_cfg", f"expected a dict, got {type(ssm).__name__}")
-    layer = ssm.get("layer", "Mamba1")
-    if layer != "Mamba3":
-        _refuse("ssm_cfg.layer", f"only Mamba3 mixers can be represented here, got {layer!r} (no layer means Mamba1)")
     _only_known(ssm, {"layer", *MAMBA3_DEFAULTS}, "ssm_cfg.")
     s = {**MAMBA3_DEFAULTS, **ssm}
     if s["rope_fraction"] not in (0.5, 1.0):
