@@ -1,6 +1,6 @@
 """Weights in and out of the official mamba_ssm layout, checked against golden files the official code wrote
-(tests/fixtures/README.md). MAMBA_SSM_SOURCE=<state-spaces/mamba tree at e9594ce> also runs the official
-`MambaLMHeadModel.from_pretrained` on what `save_pretrained` writes."""
+(tests/fixtures/README.md). MAMBA_SSM_SOURCE=<state-spaces/mamba tree at e9594ce> (einops and huggingface_hub
+installed) also runs the official `MambaLMHeadModel.from_pretrained` on what `save_pretrained` writes."""
 import importlib.util
 import json
 import os
