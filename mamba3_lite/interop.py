@@ -6,10 +6,9 @@
 __all__ = ['OFFICIAL_EPS', 'MLP_MULTIPLE', 'MAMBA_CONFIG_DEFAULTS', 'MAMBA3_DEFAULTS', 'MIXER_FIELDS', 'OFFICIAL_MIXER_ORDER',
            'WEIGHT_FILES', 'round_up', 'mamba_ssm_config', 'model_config_from_mamba_ssm', 'official_state_order',
            'pad_mlp', 'mlp_padding_is_zero', 'trim_mlp', 'to_mamba_ssm', 'official_layout', 'from_mamba_ssm',
-           'save_pretrained', 'from_pretrained', 'export_run', 'import_run', 'export_parser', 'export_cli',
-           'import_parser', 'import_cli']
+           'save_pretrained', 'from_pretrained', 'export_run', 'import_run']
 
-# %% ../nbs/14_interop.ipynb #8d9a4415
+# %% ../nbs/14_interop.ipynb #f38fd8bb
 import dataclasses
 import json
 from pathlib import Path
@@ -19,10 +18,11 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from .checkpoint import CheckpointManager, atomic_write
-from .data import CLIParser, run_cli
+from .checkpoint import CheckpointManager
+from .config import TrainingConfig, config_to_dict, load_config
+from .files import atomic_write
 from .model import PRESETS, Mamba3Transformer, ModelConfig
-from .train import TrainingConfig, config_to_dict, load_config, load_trained
+from .train import load_trained
 
 # %% ../nbs/14_interop.ipynb #20e7f2c4
 OFFICIAL_EPS = 1e-5   # every norm of the official model: blocks, norm_f, the mixer's B/C and output norms
@@ -329,44 +329,3 @@ def import_run(source, run_dir, base_config=None) -> dict:
     atomic_write(run_dir / "config.yaml", lambda p: p.write_text(yaml.safe_dump(plain, sort_keys=False)))
     return {"run_dir": str(run_dir), "step": 0, "config": str(run_dir / "config.yaml"),
             "parameters": model.num_parameters()}
-
-# %% ../nbs/14_interop.ipynb #4c3d346e
-def export_parser():
-    p = CLIParser(prog="mamba3-lite export", description=
-        "Write a checkpoint of a run as a model directory in the official mamba_ssm layout: config.json, "
-        "model.safetensors and pytorch_model.bin (what mamba_ssm's MambaLMHeadModel.from_pretrained reads).")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by `mamba3-lite train`")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="model directory to write (created)")
-    p.add_argument("--step", type=int, metavar="N", help="checkpoint step (default: the latest valid one)")
-    p.add_argument("--no-torch-bin", action="store_true", help="skip pytorch_model.bin (model.safetensors only)")
-    return p
-
-
-def export_cli(argv=None) -> int:
-    "`mamba3-lite export ...`; returns the exit code."
-    def body(a):
-        r = export_run(a.run_dir, a.out_dir, a.step, torch_bin=not a.no_torch_bin)
-        print(f"exported step {r['step']} of {a.run_dir} to {r['out_dir']}: {', '.join(r['files'])}")
-        return 0
-    return run_cli(export_parser(), argv, body)
-
-
-def import_parser():
-    p = CLIParser(prog="mamba3-lite import", description=
-        "Convert a model in the official mamba_ssm layout (a directory with config.json and model.safetensors or "
-        "pytorch_model.bin, or a Hugging Face hub id when huggingface_hub is installed) into step 0 of a new run "
-        "directory that `train`, `eval` and `generate` accept, with its config.yaml.")
-    p.add_argument("source", metavar="SRC_DIR", help="model directory or hub id")
-    p.add_argument("--out", required=True, metavar="RUN_DIR", help="new run directory")
-    p.add_argument("--config", metavar="YAML", help="take the data/training sections of config.yaml from this file")
-    return p
-
-
-def import_cli(argv=None) -> int:
-    "`mamba3-lite import ...`; returns the exit code."
-    def body(a):
-        r = import_run(a.source, a.out, a.config)
-        print(f"imported {a.source} ({r['parameters']:,} parameters) as step 0 of {r['run_dir']}; "
-              f"continue training with: mamba3-lite train --config {r['config']}")
-        return 0
-    return run_cli(import_parser(), argv, body)

@@ -11,9 +11,11 @@ import pytest
 import torch
 import yaml
 
+from mamba3_lite.checkpoint import CheckpointWarning
 from mamba3_lite.cli import main
 from mamba3_lite.ssd import nmax
-from mamba3_lite.train import DataConfig, LoopConfig, TrainingConfig, load_config, load_trained, run_training
+from mamba3_lite.config import DataConfig, LoopConfig, TrainingConfig, load_config
+from mamba3_lite.train import load_trained, run_training
 
 RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
 CLI = [sys.executable, "-c", "import sys; from mamba3_lite.cli import main; sys.exit(main())"]
@@ -77,12 +79,14 @@ def test_train_continues_an_imported_run(tmp_path, capsys):
     assert cfg.model == {"preset": "tiny", **{k: v for k, v in cfg.model.items() if k != "preset"}}
     over = ["--set", "data.dummy=true", "--set", "data.max_seq_len=32", "--set", "training.micro_batch_size=2",
             "--set", "training.eval_batches=1", "--set", "training.device=cpu", "--set", "training.num_threads=1"]
-    assert main(["train", "--config", str(r2 / "config.yaml"), "--max-steps", "1"] + over) == 0
+    with pytest.warns(CheckpointWarning, match="optimizer starts from scratch"):
+        assert main(["train", "--config", str(r2 / "config.yaml"), "--max-steps", "1"] + over) == 0
     out = capsys.readouterr().out
     assert "checkpoint step 0 holds weights only" in out and "[resume] from checkpoint step 0" in out
     assert (r2 / "meta_step_1.json").exists()
     # an explicit --resume 0 takes the imported weights too (from step 0: they are the step-0 weights on disk)
-    assert main(["train", "--config", str(r2 / "config.yaml"), "--max-steps", "2", "--resume", "0"] + over) == 0
+    with pytest.warns(CheckpointWarning, match="optimizer starts from scratch"):
+        assert main(["train", "--config", str(r2 / "config.yaml"), "--max-steps", "2", "--resume", "0"] + over) == 0
     assert "[resume] from checkpoint step 0" in capsys.readouterr().out
 
 
