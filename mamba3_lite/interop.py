@@ -300,9 +300,12 @@ def from_pretrained(source) -> Mamba3Transformer:
         raise ValueError(f"{files['config.json']}: not valid JSON ({e})") from None
     return from_mamba_ssm(config, _read_weights(files))
 
-# %% ../nbs/14_interop.ipynb #5a4c00fe
+# %% ../nbs/14_interop.ipynb #cf07f3dd
 def export_run(run_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:
     "Write checkpoint `step` (default: the latest valid one) of a run directory as an official-layout model directory."
+    taken = [name for name in ("config.json", *WEIGHT_FILES) if (Path(out_dir) / name).exists()]
+    if taken:
+        raise ValueError(f"{Path(out_dir) / taken[0]}: already exists; export into a new directory (nothing was written)")
     model, _, meta = load_trained(run_dir, step, log=lambda s: None)
     save_pretrained(model, out_dir, torch_bin=torch_bin)
     return {"step": meta["step"], "out_dir": str(out_dir), "files": sorted(p.name for p in Path(out_dir).iterdir())}

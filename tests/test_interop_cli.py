@@ -73,6 +73,11 @@ def test_export_import_round_trip_through_the_cli(tmp_path, capsys):
 def test_train_continues_an_imported_run(tmp_path, capsys):
     run = tiny_run(tmp_path / "run")
     assert main(["export", str(run), str(tmp_path / "hf")]) == 0
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "hf").iterdir()}
+    capsys.readouterr()
+    assert main(["export", str(run), str(tmp_path / "hf")]) == 2          # never over an earlier export
+    assert "config.json: already exists" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "hf").iterdir()} == before
     assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "run2")]) == 0
     r2 = tmp_path / "run2"
     cfg = load_config(r2 / "config.yaml")
