@@ -78,10 +78,11 @@ def test_train_continues_an_imported_run(tmp_path, capsys):
     assert main(["export", str(run), str(tmp_path / "hf")]) == 2          # never over an earlier export
     assert "config.json: already exists" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "hf").iterdir()} == before
-    assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "run2")]) == 0
+    assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "run2"), "--config", "tiny_cpu"]) == 0
     r2 = tmp_path / "run2"
-    cfg = load_config(r2 / "config.yaml")
-    assert cfg.model == {"preset": "tiny", **{k: v for k, v in cfg.model.items() if k != "preset"}}
+    cfg = load_config(r2 / "config.yaml")      # the imported architecture, tiny_cpu's data and training sections
+    assert cfg.model["preset"] == "tiny" and cfg.model["is_mimo"] and cfg.model["outproj_norm"]
+    assert (cfg.training.lr, cfg.data.max_seq_len, cfg.training.checkpoint_dir) == (3e-3, 128, str(r2))
     over = ["--set", "data.dummy=true", "--set", "data.max_seq_len=32", "--set", "training.micro_batch_size=2",
             "--set", "training.eval_batches=1", "--set", "training.device=cpu", "--set", "training.num_threads=1"]
     with pytest.warns(CheckpointWarning, match="optimizer starts from scratch"):
