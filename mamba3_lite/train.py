@@ -331,6 +331,10 @@ def load_checkpoint(self: Pretrainer, step: int) -> int:
     target = FullModelView(self.raw_model) if self.sharded else self.raw_model
     meta = self.ckpt.load(target, step, device=str(self.env.device),
                           optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded), strict=True)
+    if "data_position" not in meta:   # weights only, e.g. written by `mamba3-lite import`
+        self.log(f"[resume] checkpoint step {step} holds weights only: optimizer, schedule and data order start fresh")
+        self.step = meta["step"]
+        return self.step
     self.scheduler.load_state_dict(meta["scheduler"])
     positions = meta["data_position"]
     if len(positions) != self.env.world_size:
