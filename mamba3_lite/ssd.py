@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['trapezoid_coefs', 'ssd_siso_loop', 'segsum', 'ssd_minimal', 'angle_rate', 'angle_increment', 'wrap_angle',
            'rotate_pairs', 'SSDState', 'recurrence_step', 'ssd_naive', 'ssd_random_inputs', 'ssd_random_state', 'nmax',
-           'p95', 'angle_err', 'ssd_complex_naive', 'cumulative_angle', 'scan_scalars', 'seed_state', 'ssd_chunked']
+           'p95', 'angle_err', 'ssd_complex_naive', 'cumulative_angle', 'scan_scalars', 'seed_state', 'ssd_chunked',
+           'seq_idx_from_eos']
 
 # %% ../nbs/00_ssd.ipynb #7cadeeae
 import math
@@ -116,11 +117,18 @@ class SSDState(NamedTuple):
     v: Tensor      # (b, H, P) | MIMO (b, H, R, P)  last input x_{T-1}
 
 # %% ../nbs/00_ssd.ipynb #24c9414f
-def recurrence_step(state: tuple, x, dt, A, lam, B, C, theta, D):
+def _zero_rows(t, reset):
+    "t (b, ...) with the rows where reset (b,) is True set to zero."
+    return t.masked_fill(reset.view(-1, *(1,) * (t.dim() - 1)), 0)
+
+def recurrence_step(state: tuple, x, dt, A, lam, B, C, theta, D, reset=None):
     """One token of the Mamba-3 recurrence, rank form: state = (angle (b,H,S), h (b,H,P,N), k_prev (b,H,R,N), v_prev (b,H,R,P));
     x (b,H,R,P); dt, A, lam (b,H); B, C (b,H,R,N); theta (b,H,S) or None (no rotation); D (H,).
+    reset (b,) bool or None: the rows where a document starts at this token restart from the zero state (§11).
     Returns y (b,H,R,P) and the new state (angle, h, k = B̃_t, v = x_t). `ssd_naive` and the decode step both run it."""
     angle, h, k_prev, v_prev = state
+    if reset is not None:                                                   # α_t = 0, no previous-token term, Φ restarts
+        angle, h, k_prev, v_prev = (_zero_rows(t, reset) for t in (angle, h, k_prev, v_prev))
     if theta is not None:
         angle = wrap_angle(angle + angle_increment(dt, theta))              # (b, H, S)
     q = rotate_pairs(C, angle[:, :, None])                                  # C̃_t (b, H, R, N)
@@ -130,14 +138,15 @@ def recurrence_step(state: tuple, x, dt, A, lam, B, C, theta, D):
          + gamma * torch.einsum('bhrp,bhrn->bhpn', x, k))                   # (b, H, P, N)
     return torch.einsum('bhpn,bhrn->bhrp', h, q) + D[:, None, None] * x, (angle, h, k, x)
 
-def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None):
-    "Golden Mamba-3 SSM recurrence in the rotated frame, one token at a time. Returns (y, SSDState)."
-    z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state)
+def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, seq_idx=None):
+    "Golden Mamba-3 SSM recurrence in the rotated frame, one token at a time; seq_idx (b, T) restarts at each document (§11). Returns (y, SSDState)."
+    z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx)
     phi, h, k_prev, v_prev = z.state
     ys = []
     for t in range(z.x.shape[1]):
         y, (phi, h, k_prev, v_prev) = recurrence_step((phi, h, k_prev, v_prev), z.x[:, t], z.dt[:, t], z.A[:, t], z.lam[:, t],
-                                                      z.B[:, t], z.C[:, t], z.theta[:, t], z.D)
+                                                      z.B[:, t], z.C[:, t], z.theta[:, t], z.D,
+                                                      None if z.reset is None else z.reset[:, t])
         ys.append(y)
     return _pack_y(torch.stack(ys, 1), x, z.mimo), _pack_state(phi, h, k_prev, v_prev, z.mimo)
 
@@ -159,10 +168,23 @@ class _Inputs(NamedTuple):
     D: Tensor        # (H,)
     state: SSDState  # angle (b, H, S), h (b, H, P, N), k (b, H, R, N), v (b, H, R, P)
     mimo: bool
+    reset: Tensor | None  # (b, T) bool: a document starts at t (never at t = 0), or None: one document
+
+
+def _resets(seq_idx, b, T, device):
+    "seq_idx (b, T) non-decreasing integer document indices -> (b, T) bool, True where the index changes; None stays None."
+    if seq_idx is None: return None
+    if (not isinstance(seq_idx, Tensor) or tuple(seq_idx.shape) != (b, T) or seq_idx.is_floating_point()
+            or seq_idx.is_complex() or seq_idx.dtype == torch.bool):
+        got = f"{seq_idx.dtype} {tuple(seq_idx.shape)}" if isinstance(seq_idx, Tensor) else type(seq_idx).__name__
+        raise ValueError(f"seq_idx: expected an integer tensor of shape (b, T) = {(b, T)}, got {got}")
+    step = seq_idx[:, 1:] - seq_idx[:, :-1]
+    if bool((step < 0).any()): raise ValueError("seq_idx: expected document indices that never decrease along T")
+    return F.pad(step != 0, (1, 0)).to(device)
 
 
 # %% ../nbs/00_ssd.ipynb #8c9d18bf
-def _prepare(x, dt, A, B, C, lam, theta, D, initial_state) -> _Inputs:
+def _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx=None) -> _Inputs:
     "Check all shapes (ValueError naming the argument), add the rank axis, cast to fp32 (fp64 if any input is fp64)."
     if not isinstance(x, Tensor) or x.dim() not in (4, 5):
         raise ValueError(f"x: expected shape (b, T, H, P) or MIMO (b, T, H, R, P), got {getattr(x, 'shape', type(x).__name__)}")
@@ -213,7 +235,8 @@ def _prepare(x, dt, A, B, C, lam, theta, D, initial_state) -> _Inputs:
         s0 = initial_state
         st = SSDState(wrap_angle(f(s0.angle)), f(s0.h), ranked(s0.k), ranked(s0.v))
     return _Inputs(ranked(x), f(dt), f(A).expand(b, T, H), ranked(B), ranked(C), f(lam), th,
-                   torch.zeros(H, dtype=cd, device=dev) if D is None else f(D), st, mimo)
+                   torch.zeros(H, dtype=cd, device=dev) if D is None else f(D), st, mimo,
+                   _resets(seq_idx, b, T, dev))
 
 
 # %% ../nbs/00_ssd.ipynb #b045a6aa
@@ -274,9 +297,9 @@ def _from_complex(c):
     "Complex (..., S) -> interleaved real (..., 2S)."
     return torch.stack((c.real, c.imag), dim=-1).flatten(-2)
 
-def ssd_complex_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None):
+def ssd_complex_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, seq_idx=None):
     "Independent oracle: the same SSM with a complex diagonal state in the unrotated frame (eigenvalue α e^{-iδ})."
-    z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state)
+    z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx)
     S = z.theta.shape[-1]
     phi0, h0, k0, v0 = z.state
     unit = lambda ang: torch.polar(torch.ones_like(ang), ang)
@@ -287,6 +310,8 @@ def ssd_complex_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=Non
     v_prev, total = v0, phi0
     ys = []
     for t in range(z.x.shape[1]):
+        if z.reset is not None:                                           # a document starts: everything restarts at zero
+            hc, hr, kc, kr, v_prev, total = (_zero_rows(s, z.reset[:, t]) for s in (hc, hr, kc, kr, v_prev, total))
         delta = angle_increment(z.dt[:, t], z.theta[:, t])                # (b, H, S)
         total = total + delta
         alpha = torch.exp(z.dt[:, t] * z.A[:, t])[..., None, None]        # (b, H, 1, 1)
@@ -320,39 +345,52 @@ def _from_chunks(t, T):
     b, H, nc, L, *rest = t.shape
     return t.reshape(b, H, nc * L, *rest)[:, :, :T].transpose(1, 2)
 
-def cumulative_angle(delta, angle0, chunk_size):
-    "Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus a carry wrapped at every chunk, in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S)."
+def cumulative_angle(delta, angle0, chunk_size, reset=None):
+    """Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus a carry wrapped at every chunk, in fp64: delta (b, T, H, S),
+    angle0 (b, H, S) -> (b, T, H, S). reset (b, T) bool restarts the sum at each document start (Φ_t = δ_t there, §11)."""
     local = _to_chunks(delta.double(), chunk_size).cumsum(3)              # (b, H, n_c, L, S)
+    carried = torch.ones_like(local[..., :1])                             # does the carry reach token l? (b, H, n_c, L, 1)
+    if reset is not None:
+        starts = _to_chunks(reset[:, :, None].expand(-1, -1, delta.shape[2]).double(), chunk_size) > 0   # (b, H, n_c, L)
+        pos = torch.arange(starts.shape[-1], device=delta.device)
+        last = torch.where(starts, pos, -1).cummax(-1).values             # the last start at or before l in its chunk, or -1
+        before = local.gather(3, (last - 1).clamp_min(0)[..., None].expand_as(local))
+        local = local - torch.where((last > 0)[..., None], before, 0.0)   # rotation since that start
+        carried = (last < 0)[..., None].double()
     carry, carries = angle0.double(), []
-    for total in local[:, :, :, -1].unbind(2):                           # each chunk's whole rotation (b, H, S)
+    for total, reach in zip(local[:, :, :, -1].unbind(2), carried[:, :, :, -1].unbind(2)):   # (b, H, S), (b, H, 1)
         carries.append(carry)
-        carry = wrap_angle(carry + total)
-    phi = wrap_angle(torch.stack(carries, 2)[:, :, :, None] + local)
+        carry = wrap_angle(reach * carry + total)
+    phi = wrap_angle(carried * torch.stack(carries, 2)[:, :, :, None] + local)
     return _from_chunks(phi, delta.shape[1]).to(delta.dtype)
 
 # %% ../nbs/00_ssd.ipynb #a8c7fcf2
-def scan_scalars(dt, A, lam):
-    "The per-token weights of the chunked algorithm: ΔA, γ = λΔ, ε = (1−λ)Δ and σ_t = γ_t + ε_{t+1} (ε_T = 0); dt, A, lam (b, T, H) -> four (b, T, H)."
+def scan_scalars(dt, A, lam, reset=None):
+    """The per-token weights of the chunked algorithm: ΔA, γ = λΔ, ε = (1−λ)Δ and σ_t = γ_t + ε_{t+1} (ε_T = 0); dt, A, lam (b, T, H) -> four (b, T, H).
+    reset (b, T) bool: where a document starts, ΔA = −∞ (α = 0) and ε = 0 (§11)."""
     gamma = lam * dt
     eps = (1 - lam) * dt
-    return dt * A, gamma, eps, gamma + F.pad(eps[:, 1:], (0, 0, 0, 1))
+    adt = dt * A
+    if reset is not None:
+        adt, eps = adt.masked_fill(reset[..., None], -math.inf), eps.masked_fill(reset[..., None], 0.0)
+    return adt, gamma, eps, gamma + F.pad(eps[:, 1:], (0, 0, 0, 1))
 
 def seed_state(h, k, v, eps0):
     "The carried state h'_{-1} = h̃ + ε_0 Σ_r v_r k_rᵀ a run from a cache starts with (no α_0): h (b, H, P, N), k (b, H, R, N), v (b, H, R, P), eps0 (b, H)."
     return h + eps0[..., None, None] * torch.einsum('bhrp,bhrn->bhpn', v, k)
 
 # %% ../nbs/00_ssd.ipynb #65168138
-def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64):
-    "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive`, any T, any chunk_size >= 1."
+def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, seq_idx=None):
+    "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive` (seq_idx included), any T, any chunk_size >= 1."
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
-    z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state)
+    z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx)
     b, T, H, R, P = z.x.shape
     L = chunk_size
     phi0, h0, k0, v0 = z.state
     # pre-pass over the real tokens, before any padding
-    adt, gamma, eps, sigma = scan_scalars(z.dt, z.A, z.lam)             # ΔA, γ, ε, σ (b, T, H)
-    phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L)     # (b, T, H, S)
+    adt, gamma, eps, sigma = scan_scalars(z.dt, z.A, z.lam, z.reset)           # ΔA, γ, ε, σ (b, T, H)
+    phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset)   # (b, T, H, S)
     Bt = rotate_pairs(z.B, phi[:, :, :, None])                          # B̃ (b, T, H, R, N)
     Ct = rotate_pairs(z.C, phi[:, :, :, None])                          # C̃ (b, T, H, R, N)
     K = sigma[..., None, None] * Bt                                     # scaled keys
@@ -383,3 +421,8 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     diag = (cb[..., None] * z.x[..., None, :, :]).sum(-2)               # Σ_r' (C·B)_{r r'} v_{r'} (b, T, H, R, P)
     y = y + gamma[..., None, None] * diag + z.D[:, None, None] * z.x
     return _pack_y(y, x, z.mimo), _pack_state(phi[:, -1], h_run, Bt[:, -1], z.x[:, -1], z.mimo)
+
+# %% ../nbs/00_ssd.ipynb #e85d3b33
+def seq_idx_from_eos(ids, eos_id):
+    "Document index of every position: ids (b, T) int -> (b, T) long, the number of EOS tokens strictly before t."
+    return F.pad((ids == eos_id).long().cumsum(1)[:, :-1], (1, 0))
