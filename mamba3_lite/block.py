@@ -153,6 +153,7 @@ class Mamba3Block(nn.Module):
         self.out_norm = RMSNorm((H, P), norm_eps) if outproj_norm else None
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
         self._fallback_warned = False
+        self._seq_idx_warned = False
         self.reset_parameters()
 
     @property
@@ -277,31 +278,39 @@ def _ssd_fn(self: Mamba3Block, u: torch.Tensor):
 
 # %% ../nbs/02_block.ipynb #e0170ba1
 @patch
-def _forward_impl(self: Mamba3Block, u, initial_state=None, return_state=False):
+def _forward_impl(self: Mamba3Block, u, initial_state=None, return_state=False, seq_idx=None):
     ssd = self._ssd_fn(u)
+    if seq_idx is not None and ssd is not ssd_chunked:
+        if not self._seq_idx_warned:
+            warnings.warn("Mamba3Block: the Triton SSD kernel does not take seq_idx (document restarts); running the "
+                          "PyTorch SSD for calls with seq_idx (slower, same result).", RuntimeWarning, stacklevel=3)
+            self._seq_idx_warned = True
+        ssd = ssd_chunked
+    docs = {} if seq_idx is None else dict(seq_idx=seq_idx)
     in_kernel_bias = ssd is not ssd_chunked and not self.is_mimo   # SISO kernel: shared B/C, bias added on chip
     inp = self.ssd_inputs(u, shared_bc=in_kernel_bias)
     bias = dict(B_bias=self.B_bias[:, 0], C_bias=self.C_bias[:, 0]) if in_kernel_bias else {}   # (H,N) each
     y, state = ssd(inp.x, inp.dt, inp.A, inp.B, inp.C, inp.lam, theta=inp.theta, D=self.D,
-                   initial_state=initial_state, chunk_size=self.chunk_tokens, **bias)
+                   initial_state=initial_state, chunk_size=self.chunk_tokens, **bias, **docs)
     out = self._output(y, inp.z)
     return (out, state) if return_state else out
 
 
 @patch
 def forward(self: Mamba3Block, u: torch.Tensor, initial_state: Optional[SSDState] = None,
-                    return_state: bool = False):
-    "u (b,T,d) -> (b,T,d) [, final SSDState]."
+                    return_state: bool = False, seq_idx: Optional[torch.Tensor] = None):
+    "u (b,T,d) -> (b,T,d) [, final SSDState]; seq_idx (b,T) document indices restart the SSM at each document."
     if u.dim() != 3 or u.shape[-1] != self.d_model:
         raise ValueError(f"u: expected shape (b, T, {self.d_model}), got {tuple(u.shape)}")
     if self.grad_checkpoint and self.training and torch.is_grad_enabled():
-        return checkpoint(self._forward_impl, u, initial_state, return_state, use_reentrant=False)
-    return self._forward_impl(u, initial_state, return_state)
+        return checkpoint(self._forward_impl, u, initial_state, return_state, seq_idx, use_reentrant=False)
+    return self._forward_impl(u, initial_state, return_state, seq_idx)
 
 # %% ../nbs/02_block.ipynb #68edacb4
-def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState):
+def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState, reset=None):
     """One token of the SSD recurrence. x (b,H,P) [MIMO (b,H,R,P)]; dt, A, lam (b,H); B, C (b,H,N) [MIMO (b,H,R,N)];
-    theta (b,S) or None; D (H,); state: SSDState. Returns y like x (includes D·x) and the new SSDState (fp32)."""
+    theta (b,S) or None; D (H,); state: SSDState; reset (b,) bool or None: rows that start a document here restart from zero.
+    Returns y like x (includes D·x) and the new SSDState (fp32)."""
     mimo = x.dim() == 4
     if not mimo:                                  # view SISO as rank 1
         x, B, C = x.unsqueeze(2), B.unsqueeze(2), C.unsqueeze(2)
@@ -311,7 +320,7 @@ def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState):
     k_prev = (state.k if mimo else state.k.unsqueeze(2)).to(f)        # (b,H,R,N)
     v_prev = (state.v if mimo else state.v.unsqueeze(2)).to(f)        # (b,H,R,P)
     y, (angle, h, k, x) = recurrence_step((angle, h, k_prev, v_prev), x, dt, A, lam, B, C,
-                                          None if theta is None else theta.unsqueeze(1), fp32(D))
+                                          None if theta is None else theta.unsqueeze(1), fp32(D), reset)
     if not mimo:
         y, k, x = y.squeeze(2), k.squeeze(2), x.squeeze(2)
     return y, SSDState(angle, h, k, x)
@@ -333,12 +342,12 @@ def allocate_state(self: Mamba3Block, batch_size: int, device=None) -> SSDState:
 
 
 @patch
-def step(self: Mamba3Block, u: torch.Tensor, state: SSDState):
-    "One decode step: u (b,d), state -> (out (b,d), new SSDState). O(1) in the context length."
+def step(self: Mamba3Block, u: torch.Tensor, state: SSDState, reset: Optional[torch.Tensor] = None):
+    "One decode step: u (b,d), state -> (out (b,d), new SSDState). O(1) in the context length. reset (b,) bool: rows starting a document."
     if u.dim() != 2 or u.shape[-1] != self.d_model:
         raise ValueError(f"u: expected shape (b, {self.d_model}), got {tuple(u.shape)}")
     inp = self.ssd_inputs(u.unsqueeze(1))
     sq = lambda t: None if t is None else t.squeeze(1)
     y, state = ssd_step(sq(inp.x), sq(inp.dt), sq(inp.A), sq(inp.B), sq(inp.C), sq(inp.lam), sq(inp.theta),
-                        self.D, state)
+                        self.D, state, reset)
     return self._output(y.unsqueeze(1), inp.z).squeeze(1), state

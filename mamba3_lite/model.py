@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .block import Mamba3Block, RMSNorm, fp32, require, check_mixer_args, num_angles
-from .ssd import SSDState
+from .ssd import SSDState, seq_idx_from_eos
 
 # %% ../nbs/03_model.ipynb #f5720069
 @dataclass
@@ -172,21 +172,21 @@ class Mamba3Layer(nn.Module):
         self.norm1.reset_parameters(); self.norm2.reset_parameters()
         self.mixer.reset_parameters(); self.mlp.reset_parameters()
 
-    def _forward_impl(self, x, initial_state=None, return_state=False):
-        y, state = self.mixer(self.norm1(x), initial_state=initial_state, return_state=True)
+    def _forward_impl(self, x, initial_state=None, return_state=False, seq_idx=None):
+        y, state = self.mixer(self.norm1(x), initial_state=initial_state, return_state=True, seq_idx=seq_idx)
         x = x + y.to(x.dtype)
         x = x + self.mlp(self.norm2(x)).to(x.dtype)
         return (x, state) if return_state else x
 
-    def forward(self, x, initial_state: Optional[SSDState] = None, return_state: bool = False):
-        "x (b,T,d) fp32 -> (b,T,d) [, final SSDState]."
+    def forward(self, x, initial_state: Optional[SSDState] = None, return_state: bool = False, seq_idx=None):
+        "x (b,T,d) fp32 -> (b,T,d) [, final SSDState]; seq_idx (b,T) document indices (the SSM restarts at each)."
         if self.grad_checkpoint and self.training and torch.is_grad_enabled():
-            return checkpoint(self._forward_impl, x, initial_state, return_state, use_reentrant=False)
-        return self._forward_impl(x, initial_state, return_state)
+            return checkpoint(self._forward_impl, x, initial_state, return_state, seq_idx, use_reentrant=False)
+        return self._forward_impl(x, initial_state, return_state, seq_idx)
 
-    def step(self, x, state: SSDState):
-        "One token: x (b,d) -> (x (b,d), new SSDState)."
-        y, state = self.mixer.step(self.norm1(x), state)
+    def step(self, x, state: SSDState, reset=None):
+        "One token: x (b,d) -> (x (b,d), new SSDState); reset (b,) bool: rows whose token starts a document."
+        y, state = self.mixer.step(self.norm1(x), state, reset)
         x = x + y.to(x.dtype)
         return x + self.mlp(self.norm2(x)).to(x.dtype), state
 
@@ -263,25 +263,33 @@ def _check_ids(name: str, ids: torch.Tensor, ndim: int):
         raise ValueError(f"{name}: expected an integer tensor of shape {shape}, got {got}")
 
 
+def _check_seq_idx(seq_idx, input_ids):
+    if seq_idx is not None:
+        _check_ids("seq_idx", seq_idx, 2)
+        require(seq_idx.shape == input_ids.shape, "seq_idx",
+                f"expected the shape of input_ids {tuple(input_ids.shape)}, got {tuple(seq_idx.shape)}")
+
+
 @patch
-def _backbone(self: Mamba3Transformer, input_ids: torch.Tensor, return_states: bool = False):
+def _backbone(self: Mamba3Transformer, input_ids: torch.Tensor, return_states: bool = False, seq_idx=None):
     "input_ids (b,T) -> final-normed hidden (b,T,d) and, if asked, each layer's final SSDState."
     x = self.embed(input_ids)
     x = x.to(_residual_dtype(x))
     states = []
     for layer in self.layers:
         if return_states:
-            x, state = layer(x, return_state=True)
+            x, state = layer(x, return_state=True, seq_idx=seq_idx)
             states.append(state)
         else:
-            x = layer(x)
+            x = layer(x, seq_idx=seq_idx)
     return self.norm_f(x), states
 
 
 @patch
 def forward(self: Mamba3Transformer, input_ids: torch.Tensor, targets: Optional[torch.Tensor] = None,
-             num_last_tokens: int = 0) -> LMOutput:
+             num_last_tokens: int = 0, seq_idx: Optional[torch.Tensor] = None) -> LMOutput:
     _check_ids("input_ids", input_ids, 2)
+    _check_seq_idx(seq_idx, input_ids)
     if targets is not None:
         _check_ids("targets", targets, 2)
         require(targets.shape == input_ids.shape, "targets",
@@ -289,7 +297,7 @@ def forward(self: Mamba3Transformer, input_ids: torch.Tensor, targets: Optional[
         require(num_last_tokens == 0, "num_last_tokens", "must be 0 when targets are given")
     require(isinstance(num_last_tokens, int) and num_last_tokens >= 0, "num_last_tokens",
              f"expected an int >= 0, got {num_last_tokens!r}")
-    h, _ = self._backbone(input_ids)
+    h, _ = self._backbone(input_ids, seq_idx=seq_idx)
     if num_last_tokens > 0:
         h = h[:, -num_last_tokens:]
     logits = self.lm_head(h)
@@ -310,10 +318,11 @@ def allocate_cache(self: Mamba3Transformer, batch_size: int, device=None) -> Lis
 
 @patch
 @torch.no_grad()
-def prefill(self: Mamba3Transformer, input_ids: torch.Tensor):
-    "input_ids (b,T) -> (logits of the last position (b,V), cache)."
+def prefill(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[torch.Tensor] = None):
+    "input_ids (b,T) -> (logits of the last position (b,V), cache); seq_idx (b,T) as in `forward`."
     _check_ids("input_ids", input_ids, 2)
-    h, states = self._backbone(input_ids, return_states=True)
+    _check_seq_idx(seq_idx, input_ids)
+    h, states = self._backbone(input_ids, return_states=True, seq_idx=seq_idx)
     own = lambda t: t.detach().to(_residual_dtype(t)).clone(memory_format=torch.contiguous_format)
     cache = [SSDState(*(own(t) for t in s)) for s in states]   # own storage: no view into prefill activations
     return self.lm_head(h[:, -1]), cache
@@ -321,14 +330,15 @@ def prefill(self: Mamba3Transformer, input_ids: torch.Tensor):
 
 @patch
 @torch.no_grad()
-def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState]) -> torch.Tensor:
-    "token_ids (b,) -> logits (b,V); `cache` is advanced in place."
+def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState],
+         reset: Optional[torch.Tensor] = None) -> torch.Tensor:
+    "token_ids (b,) -> logits (b,V); `cache` is advanced in place. reset (b,) bool: rows whose token starts a document."
     _check_ids("token_ids", token_ids, 1)
     require(len(cache) == len(self.layers), "cache", f"expected {len(self.layers)} layer states, got {len(cache)}")
     x = self.embed(token_ids)
     x = x.to(_residual_dtype(x))
     for layer, state in zip(self.layers, cache):
-        x, new = layer.step(x, state)
+        x, new = layer.step(x, state, reset)
         for dst, src in zip(state, new):
             dst.copy_(src)
     return self.lm_head(self.norm_f(x))
@@ -361,7 +371,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[
 @torch.no_grad()
 def generate(self: Mamba3Transformer, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
               top_k: Optional[int] = None, top_p: Optional[float] = None, eos_id: Optional[int] = None,
-              seed: Optional[int] = None) -> torch.Tensor:
+              seed: Optional[int] = None, reset_after: Optional[int] = None) -> torch.Tensor:
     "Sample up to max_new_tokens after equal-length prompts (b,T0); returns (b, T0+n) long."
     _check_ids("input_ids", input_ids, 2)
     require(input_ids.shape[1] >= 1, "input_ids", "prompts must hold at least one token")
@@ -376,7 +386,9 @@ def generate(self: Mamba3Transformer, input_ids: torch.Tensor, max_new_tokens: i
         out = [input_ids.long()]
         if max_new_tokens == 0:
             return out[0]
-        logits, cache = self.prefill(input_ids)
+        docs = None if reset_after is None else seq_idx_from_eos(input_ids, reset_after)
+        logits, cache = self.prefill(input_ids, seq_idx=docs)
+        prev = input_ids[:, -1]
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)
@@ -386,7 +398,8 @@ def generate(self: Mamba3Transformer, input_ids: torch.Tensor, max_new_tokens: i
             out.append(nxt.unsqueeze(1))
             if i == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
                 break
-            logits = self.step(nxt, cache)
+            logits = self.step(nxt, cache, None if reset_after is None else prev == reset_after)
+            prev = nxt
         return torch.cat(out, dim=1)
     finally:
         self.train(was_training)
