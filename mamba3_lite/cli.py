@@ -178,6 +178,8 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=_positive, metavar="N", help="checkpoint every N steps; overrides training.save_every")
     p.add_argument("--log-every", type=_positive, metavar="N", help="one log line per N steps; overrides training.log_every")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="overrides training.device")
+    p.add_argument("--reset-at-eos", action="store_true", help="restart the SSM state after every EOS: packed documents "
+                   "do not see each other (data.reset_at_eos=true)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config key, e.g. --set training.lr=1e-3 (repeatable; VALUE is read as YAML)")
     return p
@@ -198,7 +200,8 @@ def _cli_config(a):
     flags = {"data.data_path": a.data_path, "training.checkpoint_dir": a.checkpoint_dir, "training.max_steps": a.max_steps,
              "training.seed": a.seed, "training.eval_every": a.eval_every, "training.save_every": a.save_every,
              "training.log_every": a.log_every, "training.device": a.device,
-             "training.compile": False if a.no_compile else None, "model.grad_checkpoint": False if a.no_grad_checkpoint else None}
+             "training.compile": False if a.no_compile else None, "model.grad_checkpoint": False if a.no_grad_checkpoint else None,
+             "data.reset_at_eos": True if a.reset_at_eos else None}
     over.update({k: v for k, v in flags.items() if v is not None})
     cfg = apply_overrides(cfg, over)
     return dry_run_config(cfg) if a.dry_run else cfg
@@ -235,13 +238,15 @@ def eval_parser() -> argparse.ArgumentParser:
 def eval_cli(argv=None) -> int:
     "`mamba3-lite eval ...`; returns the exit code."
     from mamba3_lite.data import PretrainDataset
+    from mamba3_lite.ssd import seq_idx_from_eos
     from mamba3_lite.train import evaluate_bits_per_byte, load_trained
     def body(a):
 
         model, cfg, meta = load_trained(a.checkpoint_dir, a.step, a.device)
         enc = gpt2_encoding()
         ds = PretrainDataset(a.data_path, cfg.data.max_seq_len, model.config.vocab_size, split=a.split)
-        batches = ((x.to(a.device), y.to(a.device)) for x, y in ds.eval_batches(a.batch_size, a.max_batches))
+        docs = (lambda x: (seq_idx_from_eos(x, ds.eos_id),)) if cfg.data.reset_at_eos else (lambda x: ())
+        batches = (tuple(t.to(a.device) for t in (x, y, *docs(x))) for x, y in ds.eval_batches(a.batch_size, a.max_batches))
         r = evaluate_bits_per_byte(model, batches, enc.decode_bytes)
         print(f"step={meta['step']} | {a.split}_loss={r['loss']:.4f} | ppl={r['ppl']:.2f} | "
               f"bits_per_byte={r['bits_per_byte']:.4f} | tokens={r['tokens']:,} | bytes={r['bytes']:,}")
@@ -278,7 +283,8 @@ def generate_cli(argv=None) -> int:
             raise ValueError("--prompt is empty; give at least one token of text")
         out = model.generate(torch.tensor([ids], device=a.device), max_new_tokens=a.max_new_tokens,
                              temperature=a.temperature, top_k=a.top_k or None, top_p=a.top_p,
-                             eos_id=enc.eot_token, seed=a.seed)
+                             eos_id=enc.eot_token, seed=a.seed,
+                             reset_after=enc.eot_token if cfg.data.reset_at_eos else None)
         print(enc.decode(out[0].tolist()))
         return 0
     return run_cli(generate_parser(), argv, body)

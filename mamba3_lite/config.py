@@ -37,6 +37,7 @@ class DataConfig:
     max_seq_len: int = 2048  # tokens per training window (targets are the window shifted by one)
     shuffle: bool = True  # (seed, epoch)-shuffled window order; False scans windows in file order
     dummy: bool = False  # use random tokens instead of a corpus (only for wiring checks; says so loudly)
+    reset_at_eos: bool = False  # restart the SSM state after every EOS: packed documents do not see each other
 
 
 @dataclass

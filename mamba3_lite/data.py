@@ -23,10 +23,12 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import numpy as np
+from fastcore.basics import patch
 import torch
 from torch.utils.data import Dataset
 
 from .files import atomic_write, file_digest
+from .ssd import seq_idx_from_eos
 from .tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TOKENIZER_NAME, gpt2_encoding
 
 
@@ -454,6 +456,21 @@ class PretrainDataset(Dataset):
         n = len(self) // batch_size if max_batches is None else min(len(self) // batch_size, max_batches)
         if n == 0: raise ValueError(f"{getattr(self, 'path', 'dummy')}: {len(self)} windows make no batch of {batch_size}")
         for b in range(n): yield self.get_batch(range(b * batch_size, (b + 1) * batch_size))
+
+# %% ../nbs/06_data.ipynb #993d87d4
+@patch(as_prop=True)
+def eos_id(self: PretrainDataset) -> int:
+    "The end-of-document token id: from our shard headers or the manifest, else GPT-2's."
+    for sh in self._shard_objs:
+        if sh is not None: return sh.eos_id
+    return (self.manifest or {}).get("eos_id", GPT2_EOS_ID)
+
+
+@patch
+def get_doc_batch(self: PretrainDataset, indices):
+    "`get_batch` plus the document index of every input position: (x, y, seq_idx), each (b, L) torch.long."
+    x, y = self.get_batch(indices)
+    return x, y, seq_idx_from_eos(x, self.eos_id)
 
 # %% ../nbs/06_data.ipynb #b84493d9
 class WindowSampler:

@@ -34,8 +34,8 @@ from .model import Mamba3Transformer, ModelConfig
 
 
 # %% auto #0
-__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'lr_factor', 'build_scheduler', 'StepResult', 'train_step', 'build_optimizer',
-           'build_model_config', 'TrainStream', 'make_streams', 'evaluate', 'seed_everything',
+__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'lr_factor', 'build_scheduler', 'StepResult', 'lm_loss', 'train_step',
+           'build_optimizer', 'build_model_config', 'TrainStream', 'make_streams', 'evaluate', 'seed_everything',
            'keep_freed_memory_in_heap', 'Pretrainer', 'dry_run_config', 'run_training', 'load_trained',
            'evaluate_bits_per_byte']
 
@@ -89,20 +89,26 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def lm_loss(model: torch.nn.Module, batch) -> torch.Tensor:
+    "The mean next-token loss of one batch: (inputs, targets) or (inputs, targets, seq_idx), each (b, T)."
+    x, y, *docs = batch
+    return model(x, targets=y, **({"seq_idx": docs[0]} if docs else {})).loss
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, *,
                scheduler=None, max_grad_norm: float = 1.0, autocast_dtype=None,
                sync: Optional[Callable[[bool], Any]] = None) -> StepResult:
-    "One optimizer step over `micro_batches`, a list of (inputs, targets) pairs of shape (b, T)."
+    "One optimizer step over `micro_batches`, a list of (inputs, targets[, seq_idx]) of shape (b, T)."
     if not micro_batches:
         raise ValueError("train_step needs at least one micro-batch")
     model.train()
     n = len(micro_batches)
     device = micro_batches[0][0].device
     loss_sum = torch.zeros((), device=device)
-    for i, (x, y) in enumerate(micro_batches):
+    for i, batch in enumerate(micro_batches):
         with (sync(i == n - 1) if sync is not None else contextlib.nullcontext()):
             with _autocast(device, autocast_dtype):
-                loss = model(x, targets=y).loss.float() / n
+                loss = lm_loss(model, batch).float() / n
             loss.backward()
         loss_sum += loss.detach()
     params = [p for p in model.parameters() if p.grad is not None]
@@ -146,14 +152,14 @@ def build_model_config(config: TrainingConfig, log: Callable[[str], None] = prin
 
 class TrainStream:
     "This rank's training batches: windows in `WindowSampler` order, moved to `device`; resumable."
-    def __init__(self, dataset, sampler, device: torch.device):
-        self.dataset, self.sampler, self.device = dataset, sampler, device
+    def __init__(self, dataset, sampler, device: torch.device, doc_index: bool = False):
+        self.dataset, self.sampler, self.device, self.doc_index = dataset, sampler, device, doc_index
         self._it = iter(sampler)
 
     def next_batch(self):
-        "The next (inputs, targets), each (b, T) long on the device."
-        x, y = self.dataset.get_batch(next(self._it))
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        "The next (inputs, targets[, seq_idx with doc_index]), each (b, T) long on the device."
+        get = self.dataset.get_doc_batch if self.doc_index else self.dataset.get_batch
+        return tuple(t.to(self.device, non_blocking=True) for t in get(next(self._it)))
 
     def state_dict(self) -> dict: return self.sampler.state_dict()
 
@@ -200,21 +206,22 @@ def make_streams(config: TrainingConfig, env: DistEnv, vocab_size: int, log=prin
 
     def val_batches():
         for i in range(n_batches):
-            x, y = val.get_batch(mine[i * b:(i + 1) * b])
-            yield x.to(env.device), y.to(env.device)
-    return TrainStream(train, sampler, env.device), val_batches
+            get = val.get_doc_batch if d.reset_at_eos else val.get_batch
+            yield tuple(t.to(env.device) for t in get(mine[i * b:(i + 1) * b]))
+    return TrainStream(train, sampler, env.device, d.reset_at_eos), val_batches
 
 # %% ../nbs/11_train.ipynb #87f5df34
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches, autocast_dtype=None) -> dict:
-    "Token-mean loss and perplexity of `model` over `batches` of (inputs, targets)."
+    "Token-mean loss and perplexity of `model` over `batches` of (inputs, targets[, seq_idx])."
     was_training = model.training
     model.eval()
     total, count, device = None, 0, None
-    for x, y in batches:
+    for batch in batches:
+        x, y = batch[:2]
         device = x.device
         with _autocast(x.device, autocast_dtype):
-            loss = model(x, targets=y).loss.float()
+            loss = lm_loss(model, batch).float()
         total = loss * y.numel() if total is None else total + loss * y.numel()
         count += y.numel()
     if count == 0:
@@ -500,8 +507,9 @@ def load_trained(checkpoint_dir, step: Optional[int] = None, device: str = "cpu"
 def evaluate_bits_per_byte(model, batches, decode_bytes: Callable[[list], bytes]) -> dict:
     "Token-mean loss, perplexity and bits per byte (bytes of the decoded target tokens) over `batches`."
     nll, n_tok, n_bytes = 0.0, 0, 0
-    for x, y in batches:
-        nll += model(x, targets=y).loss.double().item() * y.numel()
+    for batch in batches:
+        y = batch[1]
+        nll += lm_loss(model, batch).double().item() * y.numel()
         n_tok += y.numel()
         n_bytes += sum(len(decode_bytes(row)) for row in y.tolist())
     if n_tok == 0:

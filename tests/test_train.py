@@ -349,3 +349,46 @@ def test_nan_guard_gives_up_after_repeated_rollbacks(tmp_path):
     with pytest.raises(RuntimeError, match="rolled back to checkpoint step 2 3 times"):
         tr.train()
     assert sum("restoring checkpoint step 2" in m for m in msgs) == 3
+
+
+@pytest.mark.skipif(not _gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
+def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
+    "--reset-at-eos (or --set data.reset_at_eos=true) reaches the batches, the loss, evaluation, eval and generate."
+    from mamba3_lite.cli import prepare_cli
+    from mamba3_lite.distributed import setup_distributed
+    from mamba3_lite.ssd import seq_idx_from_eos
+    from mamba3_lite.tokenizer import GPT2_EOS_ID
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(60):                                   # short documents: most 16-token windows hold an EOS
+        (corpus / f"doc{i}.txt").write_text(f"x{i} = {i} * y + {i % 7}\n")
+    assert run_cli(prepare_cli, [str(corpus), "--out", str(tmp_path / "tok"), "--val-fraction", "0.3",
+                                 "--include", "*.txt", "--quiet"])[0] == 0
+    cfg = Cfg.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=2), {"model.vocab_size": 50257, "data.dummy": False})
+    f = write_yaml(tmp_path / "c.yaml", cfg)
+    base = ["--config", str(f), "--data-path", str(tmp_path / "tok")]
+    parse = lambda extra: CLI._cli_config(CLI.train_parser().parse_args(base + extra))
+    assert parse([]).data.reset_at_eos is False
+    assert parse(["--set", "data.reset_at_eos=true"]).data.reset_at_eos is True
+    on = parse(["--reset-at-eos"])
+    assert on.data.reset_at_eos is True
+    env = setup_distributed("cpu")
+    assert len(T.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch()) == 2
+    stream, val_batches = T.make_streams(on, env, 50257, log=QUIET)
+    x, y, sid = stream.next_batch()
+    assert torch.equal(sid, seq_idx_from_eos(x, GPT2_EOS_ID)) and sid.max() > 0 and torch.equal(x[:, 1:], y[:, :-1])
+    assert all(len(b) == 3 for b in val_batches())
+    model = tiny_model(vocab=50257)
+    with torch.no_grad():
+        packed, plain = T.lm_loss(model, (x, y, sid)), T.lm_loss(model, (x, y))
+        assert torch.equal(packed, model(x, targets=y, seq_idx=sid).loss) and abs(packed - plain) > 1e-4
+        r = T.evaluate(model, val_batches())
+    assert math.isfinite(r["loss"])
+    rc, out, err = run_cli(CLI.train_cli, base + ["--reset-at-eos"])
+    assert rc == 0, err
+    rc, out, err = run_cli(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--data-path", str(tmp_path / "tok"),
+                                        "--batch-size", "2"])
+    assert rc == 0 and "bits_per_byte" in out, err
+    rc, out, err = run_cli(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--prompt", "x1 = 1<|endoftext|>x2",
+                                            "--max-new-tokens", "3", "--seed", "1"])
+    assert rc == 0 and out.startswith("x1 = 1<|endoftext|>x2"), err
