@@ -11,9 +11,12 @@ script prints, side by side:
   `seq_idx` on the same batches (the cost of the restart itself, less noisy than whole runs).
 
     python bench/doc_reset_cpu.py [--data data/stdlib] [--steps 150] [--eval-windows 512] [--threads 1]
+    python bench/doc_reset_cpu.py --throughput-only [--device cuda] [--smoke]     # the GPU suite's section
 
 `--data` is a prepared corpus; if it does not exist, the stdlib sources are prepared there first (as
-`mamba3-lite quickstart` does). On CUDA (`--device cuda`) the same comparison runs on the GPU.
+`mamba3-lite quickstart` does). `--throughput-only` skips the training runs and times forward+backward with and
+without `seq_idx` on random tokens with an EOS every 256 tokens on average (no corpus needed); `--cpu` is
+`--device cpu`, for the GPU suite's interpreter harness check.
 """
 import argparse
 import time
@@ -92,6 +95,23 @@ def fwd_bwd_rate(model, x, y, seq_idx, device, reps: int) -> tuple:
     return x.numel() * reps / times[False], x.numel() * reps / times[True]
 
 
+def throughput_only(a):
+    "The restart's cost alone: the tiny_cpu model, forward+backward with and without seq_idx, random tokens."
+    env = setup_distributed(a.device)
+    cfg = load_config("tiny_cpu")
+    seed_everything(0)
+    model = Mamba3Transformer(build_model_config(cfg, log=lambda s: None)).to(env.device)
+    b, L = (16, cfg.data.max_seq_len) if env.device.type == "cpu" else (64, 2048)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(0, model.config.vocab_size - 1, (b, L + 1), generator=g)
+    w[torch.rand(b, L + 1, generator=g) < 1 / 256] = model.config.vocab_size - 1          # the EOS id
+    x, y = w[:, :-1], w[:, 1:]
+    sid = seq_idx_from_eos(x, model.config.vocab_size - 1)
+    off, on = fwd_bwd_rate(model, x, y, sid, env.device, reps=2 if a.smoke else 10)
+    print(f"tiny model, batch {b} x {L}, {int(sid[:, -1].sum() + b)} document pieces, {a.device}: fwd+bwd tokens/s "
+          f"{off:,.0f} without seq_idx, {on:,.0f} with; time x{off / on:.3f} with seq_idx")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="data/stdlib")
@@ -99,10 +119,16 @@ def main():
     ap.add_argument("--eval-windows", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--throughput-only", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="fewer repetitions")
+    ap.add_argument("--cpu", action="store_true", help="same as --device cpu")
     a = ap.parse_args()
+    if a.cpu: a.device = "cpu"
     torch.set_num_threads(a.threads)
     torch.set_flush_denormal(True)
     if a.device == "cpu": keep_freed_memory_in_heap()
+    if a.throughput_only:
+        return throughput_only(a)
     data = Path(a.data)
     if not data.exists():
         print(f"preparing the Python standard library sources into {data}", flush=True)

@@ -106,11 +106,17 @@ section_train_step() {
   ENABLE_TRITON_KERNELS=1 "$PYTHON" bench/train_gpu.py "${PASS_ARGS[@]}" --out "$OUT"
 }
 
+# Document restarts (seq_idx): forward+backward time of the tiny model with and without them.
+section_doc_reset() {
+  "$PYTHON" bench/doc_reset_cpu.py --throughput-only --device cuda "${PASS_ARGS[@]}" | tee "$OUT/doc_reset.txt"
+}
+
 run_section ssd_compile
 run_section ssd_kernel
 run_section e2e_smoke
 run_section model
 run_section train_step
+run_section doc_reset
 
 echo "" >> "$SUMMARY"
 echo "total: $(( $(date +%s) - SUITE_START ))s" >> "$SUMMARY"
