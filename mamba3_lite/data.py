@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'DEFAULT_INCLUDE',
-           'token_dtype_code', 'shard_bytes', 'write_shard', 'Shard', 'list_input_files', 'stdlib_corpus_files',
-           'iter_documents', 'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'PretrainDataset',
-           'WindowSampler']
+           'MANIFEST_KEYS', 'SHARD_KEYS', 'token_dtype_code', 'shard_bytes', 'write_shard', 'Shard', 'list_input_files',
+           'stdlib_corpus_files', 'iter_documents', 'prepare_corpus', 'locate', 'window_naive', 'window_fast',
+           'check_manifest_keys', 'PretrainDataset', 'dataset_identity', 'verify_in_background', 'WindowSampler']
 
 # %% ../nbs/06_data.ipynb #0a784d2a
 import bisect
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .files import atomic_write, file_digest
+from .files import atomic_write, file_digest, fsync_dir
 from .tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TOKENIZER_NAME, gpt2_encoding
 
 
@@ -168,15 +168,17 @@ class _SplitWriter:
         else: _atomic_write(path, (head, body)); self.n_written += 1
         self.shards.append({"file": name, "n_tokens": int(tokens.size), "dtype": DTYPE_NAMES[token_dtype_code(self.vocab_size)], "sha256": sha})
     def finish(self, meta: dict) -> dict:
+        "Write the last shard, remove shards of an earlier run that this one does not have; return the manifest (not written)."
         if self.n_pending: self._emit(np.concatenate(self.pending))
         self.pending, self.n_pending = [], 0
         keep = {s["file"] for s in self.shards}
         self.n_removed = 0
         for stale in self.dir.glob("shard_*.bin"):
             if stale.name not in keep: stale.unlink(); self.n_removed += 1
-        manifest = {**meta, "n_tokens": self.n_tokens, "n_documents": self.n_documents, "shards": self.shards}
+        return {**meta, "n_tokens": self.n_tokens, "n_documents": self.n_documents, "shards": self.shards}
+    def commit(self, manifest: dict):
+        "Write the manifest: the commit record of the split, after every shard it lists is on disk."
         _atomic_write(self.dir / "manifest.json", (json.dumps(manifest, indent=1).encode(),))
-        return manifest
 
 # %% ../nbs/06_data.ipynb #e6520205
 def _finished_output(out: Path, meta: dict):
@@ -187,9 +189,8 @@ def _finished_output(out: Path, meta: dict):
         if not mf.is_file(): return None
         m = json.loads(mf.read_text())
         if any(m.get(k) != v for k, v in meta.items()): return None
-        itemsize = DTYPE_CODES[token_dtype_code(m["vocab_size"])].itemsize
-        if any(not (out / split / sh["file"]).is_file() or (out / split / sh["file"]).stat().st_size != HEADER_BYTES + sh["n_tokens"] * itemsize
-               for sh in m["shards"]): return None
+        if any(not (out / split / sh["file"]).is_file() or file_digest(out / split / sh["file"])["sha256"] != sh["sha256"]
+               for sh in m["shards"]): return None                      # content, not size: a same-size change is caught
         res[split] = m
     res["stats"] = {s: {"written": 0, "skipped": len(res[s]["shards"]), "removed": 0} for s in ("train", "val")}
     return res
@@ -221,6 +222,9 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
             "sources": [{"path": str(f), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]}
     done = _finished_output(out, meta)
     if done is not None: return done
+    for s in ("train", "val"):                          # uncommit an earlier run first: its manifests must not vouch
+        if (out / s / "manifest.json").exists():        # for shards this run is about to rewrite
+            (out / s / "manifest.json").unlink(); fsync_dir(out / s)
     writers = {s: _SplitWriter(out / s, shard_size_tokens, vocab, eos) for s in ("train", "val")}
     seen = n_empty = 0
     bar = tqdm(total=sum(s["bytes"] for s in meta["sources"]), unit="B", unit_scale=True, desc="prepare", disable=not progress)
@@ -249,8 +253,9 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
             for f, _ in inflight: f.cancel()
             bar.close()
     res = {s: w.finish({**meta, "split": s, "n_empty_documents_skipped": n_empty}) for s, w in writers.items()}
-    res["stats"] = {s: {"written": w.n_written, "skipped": w.n_skipped, "removed": w.n_removed} for s, w in writers.items()}
     if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
+    for s in ("val", "train"): writers[s].commit(res[s])   # manifests last: the commit record of each split
+    res["stats"] = {s: {"written": w.n_written, "skipped": w.n_skipped, "removed": w.n_removed} for s, w in writers.items()}
     return res
 
 # %% ../nbs/06_data.ipynb #639ebba0
@@ -318,6 +323,22 @@ def _file_rss_bytes() -> int:
     if pid not in _STATM_FD: _STATM_FD.clear(); _STATM_FD[pid] = os.open("/proc/self/statm", os.O_RDONLY)
     return int(os.pread(_STATM_FD[pid], 128, 0).split()[2]) * mmap.PAGESIZE
 
+# %% ../nbs/06_data.ipynb #92d536ce
+MANIFEST_KEYS = ("vocab_size", "eos_id", "n_tokens", "shards")
+SHARD_KEYS = ("file", "n_tokens", "dtype", "sha256")
+
+def check_manifest_keys(m, path) -> dict:
+    "`m`, or `ValueError` naming `path` and the first missing key when a manifest is not what `prepare` writes."
+    if not isinstance(m, dict): raise ValueError(f"{path}: not a JSON object (got {type(m).__name__}); rerun `mamba3-lite prepare`")
+    missing = [k for k in MANIFEST_KEYS if k not in m]
+    if missing: raise ValueError(f"{path}: missing key(s) {', '.join(map(repr, missing))}; rerun `mamba3-lite prepare`")
+    if not isinstance(m["shards"], list): raise ValueError(f"{path}: 'shards' must be a list, got {type(m['shards']).__name__}")
+    for i, s in enumerate(m["shards"]):
+        if not isinstance(s, dict): raise ValueError(f"{path}: shards[{i}] must be an object")
+        missing = [k for k in SHARD_KEYS if k not in s]
+        if missing: raise ValueError(f"{path}: shards[{i}] missing key(s) {', '.join(map(repr, missing))}")
+    return m
+
 # %% ../nbs/06_data.ipynb #343f4967
 class PretrainDataset(Dataset):
     "Next-token windows `(x, y)` (each `(L,)` CPU torch.long) over a flat token stream: one file or a directory of shards."
@@ -369,6 +390,9 @@ class PretrainDataset(Dataset):
             paths = sorted(p.glob("shard_*.bin"))
             if not paths: raise FileNotFoundError(f"no shard_*.bin files in {p}")
             if (p / "manifest.json").is_file(): self._check_manifest(p, paths, full_check)
+            elif (p.parent / "train").is_dir() and (p.parent / "val").is_dir():   # a `prepare` output without its commit record
+                raise ValueError(f"{p}: no manifest.json, so `mamba3-lite prepare` did not finish this split (interrupted "
+                                 "or failed); rerun prepare with the same arguments (it keeps the shards already written)")
         else:
             self.layout, paths = "single", [p]
         self.shards, self._shard_objs = [], []
@@ -396,6 +420,7 @@ class PretrainDataset(Dataset):
         mf = d / "manifest.json"
         try: m = json.loads(mf.read_text())
         except json.JSONDecodeError as e: raise ValueError(f"{mf}: not valid JSON ({e.msg})") from None
+        check_manifest_keys(m, mf)
         self.manifest = m
         if m.get("vocab_size") != self.vocab_size:
             raise ValueError(f"{mf}: data tokenized with {m.get('tokenizer')!r} ({m.get('vocab_size')} ids) but the model has vocab_size={self.vocab_size}")
@@ -411,6 +436,14 @@ class PretrainDataset(Dataset):
                 if have != want: raise ValueError(f"{q}: header {key}={have} but {mf} says {want}")
             if full_check and sh.sha256() != s["sha256"]: raise ValueError(f"{q}: sha256 differs from {mf} (corrupt or replaced)")
         if sum(s["n_tokens"] for s in m["shards"]) != m["n_tokens"]: raise ValueError(f"{mf}: n_tokens {m['n_tokens']} != sum over its shards")
+
+    def verify_digests(self):
+        "Check every shard's sha256 against the manifest (one read of each file); `ValueError` naming the first that differs."
+        if self.manifest is None: return
+        for name, s in zip(self.names, self.manifest["shards"]):
+            if file_digest(name)["sha256"] != s["sha256"]:
+                raise ValueError(f"{name}: sha256 differs from {self.path / 'manifest.json'} (changed after prepare); "
+                                 "rerun `mamba3-lite prepare` or restore the file")
 
     def __reduce__(self):
         "Pickle as the constructor call (re-opens the mapping; for spawned DataLoader workers), never the token data."
@@ -452,6 +485,19 @@ class PretrainDataset(Dataset):
         n = len(self) // batch_size if max_batches is None else min(len(self) // batch_size, max_batches)
         if n == 0: raise ValueError(f"{getattr(self, 'path', 'dummy')}: {len(self)} windows make no batch of {batch_size}")
         for b in range(n): yield self.get_batch(range(b * batch_size, (b + 1) * batch_size))
+
+# %% ../nbs/06_data.ipynb #acc0079e
+def dataset_identity(ds):
+    "SHA-256 over the sha256 of every shard in a dataset's manifest (`None` without a manifest): what a resume compares."
+    if ds.manifest is None: return None
+    return hashlib.sha256(json.dumps([s["sha256"] for s in ds.manifest["shards"]]).encode()).hexdigest()
+
+def verify_in_background(*datasets):
+    "Start `verify_digests` of every dataset on one thread; returns its future (`result()` raises, naming the shard)."
+    pool = ThreadPoolExecutor(1, thread_name_prefix="shard-digests")
+    fut = pool.submit(lambda: [ds.verify_digests() for ds in datasets if ds.manifest is not None])
+    pool.shutdown(wait=False)
+    return fut
 
 # %% ../nbs/06_data.ipynb #b84493d9
 class WindowSampler:

@@ -23,6 +23,8 @@ import pytest
 import torch
 import yaml
 
+from mamba3_lite import cli as CLI
+from mamba3_lite import config as Cfg
 from mamba3_lite import train as T
 from mamba3_lite.checkpoint import CheckpointManager, CheckpointWarning, checkpoint_digest
 from mamba3_lite.logger import read_metrics
@@ -37,12 +39,12 @@ def tiny_cfg(run_dir, **training):
              save_every=2, eval_batches=1, checkpoint_dir=str(run_dir), log_every=1, num_threads=1, seed=3,
              eval_at_start=False)
     t.update(training)
-    return T.config_from_dict({"model": {"preset": "tiny", "vocab_size": 256}, "data": {"dummy": True, "max_seq_len": 16},
+    return Cfg.config_from_dict({"model": {"preset": "tiny", "vocab_size": 256}, "data": {"dummy": True, "max_seq_len": 16},
                                "training": t})
 
 
 def write_yaml(path, cfg):
-    path.write_text(yaml.safe_dump(T.config_to_dict(cfg)))
+    path.write_text(yaml.safe_dump(Cfg.config_to_dict(cfg)))
     return path
 
 
@@ -74,7 +76,7 @@ def rewrite_meta(path, change):
 
 def _gpt2_available():
     try:
-        from mamba3_lite.data import gpt2_encoding
+        from mamba3_lite.tokenizer import gpt2_encoding
         gpt2_encoding()
         return True
     except Exception:
@@ -96,7 +98,7 @@ def test_second_trainer_on_a_run_dir_exits_2_and_a_killed_holder_leaves_no_stale
         while not (run / "meta_step_2.json").exists():
             assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()[-2000:]
             time.sleep(0.02)
-        rc, _, err = cli(T.train_cli, ["--config", str(cfg_file)])          # a second trainer, same run directory
+        rc, _, err = cli(CLI.train_cli, ["--config", str(cfg_file)])          # a second trainer, same run directory
         assert rc == 2 and one_line(err), err
         assert str(run) in err and f"pid {first.pid}" in err and socket.gethostname() in err, err
         model, _, meta = T.load_trained(run, log=QUIET)  # read-only access (eval while training) still works
@@ -122,10 +124,10 @@ def test_resume_applies_a_new_lr_and_refuses_a_new_shape(tmp_path):
     assert any("training.weight_decay: 0.1 -> 0.5" in m for m in msgs), msgs
     meta = CheckpointManager(run).read_meta(6)
     assert meta["config"]["training"]["lr"] == 1e-5
-    with pytest.raises(T.ConfigError, match=r"data.max_seq_len.*16 -> 32"):
-        T.run_training(T.apply_overrides(new, {"data.max_seq_len": 32, "training.max_steps": 8}), log=QUIET)
-    with pytest.raises(T.ConfigError, match=r"model.n_layers"):
-        T.run_training(T.apply_overrides(new, {"model.n_layers": 1, "training.max_steps": 8}), log=QUIET)
+    with pytest.raises(Cfg.ConfigError, match=r"data.max_seq_len.*16 -> 32"):
+        T.run_training(Cfg.apply_overrides(new, {"data.max_seq_len": 32, "training.max_steps": 8}), log=QUIET)
+    with pytest.raises(Cfg.ConfigError, match=r"model.n_layers"):
+        T.run_training(Cfg.apply_overrides(new, {"model.n_layers": 1, "training.max_steps": 8}), log=QUIET)
 
 
 # 3 -- prepare commits each split with its manifest, last ----------------------------------------------------------
@@ -140,7 +142,7 @@ def _corpus(root, n=60, size=4000):
 
 @needs_gpt2
 def test_interrupted_or_failed_prepare_is_refused_and_a_rerun_rechecks_content(tmp_path):
-    from mamba3_lite.data import prepare_cli
+    from mamba3_lite.cli import prepare_cli
     corpus, out = _corpus(tmp_path / "corpus", n=200), tmp_path / "tok"
     cmd = [sys.executable, "-c", "import sys; from mamba3_lite.cli import main; sys.exit(main())", "prepare", str(corpus),
            "--out", str(out), "--val-tokens", "500", "--shard-size-tokens", "2000", "--workers", "1", "--quiet"]
@@ -152,9 +154,9 @@ def test_interrupted_or_failed_prepare_is_refused_and_a_rerun_rechecks_content(t
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     assert not (out / "train" / "manifest.json").exists()   # killed midway: nothing committed
-    f = write_yaml(tmp_path / "c.yaml", T.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=1),
+    f = write_yaml(tmp_path / "c.yaml", Cfg.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=1),
                                                           {"model.vocab_size": 50257, "data.dummy": False}))
-    rc, _, err = cli(T.train_cli, ["--config", str(f), "--data-path", str(out)])
+    rc, _, err = cli(CLI.train_cli, ["--config", str(f), "--data-path", str(out)])
     assert rc == 2 and one_line(err) and "manifest" in err and "prepare" in err, err
     # a prepare that fails (more validation tokens than the corpus) commits nothing, also when run again
     bad = tmp_path / "bad"
@@ -187,15 +189,15 @@ def test_an_edited_meta_is_refused_and_resume_falls_back(tmp_path):
 
 @needs_gpt2
 def test_a_shard_changed_at_the_same_size_stops_training_naming_it(tmp_path):
-    from mamba3_lite.data import prepare_cli
+    from mamba3_lite.cli import prepare_cli
     out = tmp_path / "tok"
     assert cli(prepare_cli, [str(_corpus(tmp_path / "corpus", n=20)), "--out", str(out), "--val-tokens", "500",
                              "--quiet"])[0] == 0
     shard = out / "train" / "shard_000000.bin"
     b = bytearray(shard.read_bytes()); b[-2:] = b"\x00\x00"; shard.write_bytes(bytes(b))
-    f = write_yaml(tmp_path / "c.yaml", T.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=2),
+    f = write_yaml(tmp_path / "c.yaml", Cfg.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=2),
                                                           {"model.vocab_size": 50257, "data.dummy": False}))
-    rc, _, err = cli(T.train_cli, ["--config", str(f), "--data-path", str(out)])
+    rc, _, err = cli(CLI.train_cli, ["--config", str(f), "--data-path", str(out)])
     assert rc == 2 and one_line(err) and "shard_000000.bin" in err and "sha256" in err, err
 
 
@@ -203,10 +205,10 @@ def test_a_shard_changed_at_the_same_size_stops_training_naming_it(tmp_path):
 @pytest.mark.parametrize("key", ["eval_every", "save_every", "log_every", "max_steps", "micro_batch_size",
                                  "gradient_accumulation_steps", "eval_batches", "nan_guard_max_consecutive"])
 def test_cadence_and_size_fields_must_be_positive(key):
-    with pytest.raises(T.ConfigError, match=f"training.{key} must be >= 1, got 0"):
-        T.config_from_dict({"training": {key: 0}})
-    with pytest.raises(T.ConfigError, match="data.max_seq_len must be >= 1"):
-        T.config_from_dict({"data": {"max_seq_len": 0}})
+    with pytest.raises(Cfg.ConfigError, match=f"training.{key} must be >= 1, got 0"):
+        Cfg.config_from_dict({"training": {key: 0}})
+    with pytest.raises(Cfg.ConfigError, match="data.max_seq_len must be >= 1"):
+        Cfg.config_from_dict({"data": {"max_seq_len": 0}})
 
 
 def test_bad_manifest_is_one_line(tmp_path):
@@ -232,7 +234,7 @@ def test_meta_missing_or_mistyped_resume_keys_is_one_line(tmp_path, change, matc
     T.run_training(tiny_cfg(run, max_steps=2), log=QUIET)
     rewrite_meta(run / "meta_step_2.json", change)
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=4))
-    rc, _, err = cli(T.train_cli, ["--config", str(f)])
+    rc, _, err = cli(CLI.train_cli, ["--config", str(f)])
     assert rc == 2 and one_line(err) and "meta_step_2.json" in err and match in err, err
 
 
@@ -284,9 +286,9 @@ def test_explicit_resume_without_optimizer_state_is_refused_unless_reset(tmp_pat
     T.run_training(tiny_cfg(run, max_steps=4), log=QUIET)
     (run / "optim_step_2.pt").unlink()
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=4))
-    rc, _, err = cli(T.train_cli, ["--config", str(f), "--resume", "2"])
+    rc, _, err = cli(CLI.train_cli, ["--config", str(f), "--resume", "2"])
     assert rc == 2 and one_line(err) and "optim_step_2.pt" in err and "--reset-optimizer" in err, err
-    rc, out, err = cli(T.train_cli, ["--config", str(f), "--resume", "2", "--reset-optimizer"])
+    rc, out, err = cli(CLI.train_cli, ["--config", str(f), "--resume", "2", "--reset-optimizer"])
     assert rc == 0 and "done: steps 2->4" in out, err
 
 
@@ -343,9 +345,8 @@ def _crafted_sdist(path, ranks: bytes):
 
 @needs_gpt2
 def test_ranks_from_the_index_check_the_archive_and_run_no_code(tmp_path, monkeypatch):
-    from mamba3_lite import data as D
-    from mamba3_lite.data import GPT2_RANKS_SHA256
-    mod = sys.modules[D.ranks_from_index.__module__]
+    from mamba3_lite import tokenizer as D
+    from mamba3_lite.tokenizer import GPT2_RANKS_SHA256
     ranks = Path(os.environ.get(D.RANKS_ENV, "")).read_bytes() if os.environ.get(D.RANKS_ENV) else None
     if ranks is None:
         pytest.skip("needs the ranks file itself")
@@ -378,4 +379,4 @@ def test_ranks_from_the_index_check_the_archive_and_run_no_code(tmp_path, monkey
             D.ranks_from_index(tmp_path / "w2", index_url=index)   # the pinned hash of the real sdist differs
     finally:
         srv.shutdown()
-    assert mod.WHISPER_SDIST_SHA256 == "37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96"
+    assert D.WHISPER_SDIST_SHA256 == "37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96"
