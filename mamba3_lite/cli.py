@@ -16,12 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from .files import RunLockedError
 from .tokenizer import (RANKS_ENV, WHISPER_SDIST, TokenizerUnavailableError, gpt2_encoding, install_tokenizer,
-                                   ranks_from_pypi)
+                                   ranks_from_index)
 
 
 # %% ../nbs/12_cli.ipynb #1edc4d03
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError)
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError,
+               RunLockedError)
 
 class UsageError(Exception):
     "A command-line usage mistake (a bad flag or value), raised by `CLIParser` and printed by `run_cli`."
@@ -122,12 +124,12 @@ def install_tokenizer_cli(argv=None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("file", nargs="?", help="the ranks file, e.g. openai_whisper-20250625/whisper/assets/gpt2.tiktoken")
     src.add_argument("--from-pypi", action="store_true",
-                     help=f"take the file from the {WHISPER_SDIST} source package on PyPI (pip download; needs a package index)")
+                     help=f"take the file from the {WHISPER_SDIST} source archive on PyPI (sha256-pinned; no package code is run)")
     p.add_argument("--cache-dir", help="tiktoken cache directory (default: $TIKTOKEN_CACHE_DIR, else $DATA_GYM_CACHE_DIR, else <tmp>/data-gym-cache)")
     def body(a):
         if a.from_pypi:
             with tempfile.TemporaryDirectory() as d:
-                dest = install_tokenizer(ranks_from_pypi(d), a.cache_dir)
+                dest = install_tokenizer(ranks_from_index(d), a.cache_dir)
             print(f"installed the GPT-2 ranks from the {WHISPER_SDIST} sdist -> {dest}")
         else:
             dest = install_tokenizer(a.file, a.cache_dir)
@@ -164,7 +166,10 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="F", help="a packaged config by name (tiny_cpu, pretrain_a100_400m) or a YAML file")
     p.add_argument("--data-path", metavar="P", help="prepared corpus (directory with train/ and val/); overrides data.data_path")
     p.add_argument("--checkpoint-dir", metavar="D", help="run directory for checkpoints and metrics.jsonl; overrides training.checkpoint_dir")
-    p.add_argument("--resume", type=_step, metavar="N", help="resume from checkpoint step N (wins over auto-discovery of the latest)")
+    p.add_argument("--resume", type=_step, metavar="N", help="resume from checkpoint step N (wins over auto-discovery of the latest; "
+                   "the first save after it moves newer steps to <checkpoint-dir>/abandoned/)")
+    p.add_argument("--reset-optimizer", action="store_true", help="resume without the checkpoint's AdamW state (fresh "
+                   "moments); without it, a resume refuses a step whose optimizer file is missing")
     p.add_argument("--dry-run", action="store_true", help="2-step wiring check; uses dummy tokens if the data is missing and says so; "
                    "checkpoints go to <checkpoint-dir>/dry_run")
     p.add_argument("--no-compile", action="store_true", help="do not torch.compile the model (training.compile=false)")
@@ -204,7 +209,7 @@ def train_cli(argv=None) -> int:
     "`mamba3-lite train ...`; returns the exit code."
     from mamba3_lite.train import run_training
     def body(a):
-        res = run_training(_cli_config(a), resume_step=a.resume)
+        res = run_training(_cli_config(a), resume_step=a.resume, reset_optimizer=a.reset_optimizer)
         if int(os.environ.get("RANK", "0")) == 0:
             first, last = res["first_eval_loss"], res["final_eval_loss"]
             print(f"done: steps {res['first_step']}->{res['final_step']} in {res['wall_time_s']:.1f}s | "
@@ -287,6 +292,19 @@ def _is_prepared(path: Path) -> bool:
     return path.is_dir() and (path / "train").is_dir() and (path / "val").is_dir()
 
 
+def _count(s: str) -> int:
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {s}")
+    return v
+
+
+def _nonempty(s: str) -> str:
+    if not s:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return s
+
+
 def quickstart_parser() -> argparse.ArgumentParser:
 
     p = CLIParser(prog="mamba3-lite quickstart", description=(
@@ -298,14 +316,14 @@ def quickstart_parser() -> argparse.ArgumentParser:
                    help="a prepared corpus directory, or text files/directories/.jsonl to prepare (default: the stdlib sources)")
     p.add_argument("--include", nargs="+", default=None, metavar="GLOB",
                    help="file patterns to take from --data-path directories (default: the prepare command's: *.txt *.md *.jsonl)")
-    p.add_argument("--val-tokens", type=int, default=1 << 16, metavar="N",
+    p.add_argument("--val-tokens", type=_count, default=1 << 16, metavar="N",
                    help="tokens of whole documents held out for validation when preparing (default: 65536)")
     p.add_argument("--run-dir", type=Path, default=Path("runs/quickstart"),
                    help="where data, checkpoints, metrics.jsonl and loss.png go (default: runs/quickstart)")
-    p.add_argument("--max-steps", type=int, default=None, help="override the config's max_steps")
-    p.add_argument("--workers", type=int, default=2, help="tokenizer threads for preparing the corpus (default: 2)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt for the generated sample")
-    p.add_argument("--max-new-tokens", type=int, default=80, help="length of the generated sample (default: 80)")
+    p.add_argument("--max-steps", type=_positive, default=None, help="override the config's max_steps")
+    p.add_argument("--workers", type=_positive, default=2, help="tokenizer threads for preparing the corpus (default: 2)")
+    p.add_argument("--prompt", type=_nonempty, default=DEFAULT_PROMPT, help="prompt for the generated sample")
+    p.add_argument("--max-new-tokens", type=_positive, default=80, help="length of the generated sample (default: 80)")
     p.add_argument("--seed", type=int, default=None, help="override the config's seed (also seeds sampling)")
     p.add_argument("--offline", action="store_true",
                    help="never fetch the GPT-2 ranks from PyPI when tiktoken cannot find or download them")
@@ -335,10 +353,11 @@ def _tokenizer(offline: bool, log):
         if offline:
             raise
     log("[quickstart] tiktoken could not find or download the GPT-2 ranks; fetching them from the "
-        "openai-whisper sdist on PyPI (pip download) into tiktoken's cache — pass --offline to forbid this")
+        "openai-whisper source archive on PyPI (sha256-pinned, nothing in it is run) into tiktoken's cache — "
+        "pass --offline to forbid this")
     import tempfile
     with tempfile.TemporaryDirectory() as d:
-        log(f"[quickstart] installed the GPT-2 ranks at {install_tokenizer(ranks_from_pypi(d))}")
+        log(f"[quickstart] installed the GPT-2 ranks at {install_tokenizer(ranks_from_index(d))}")
     return gpt2_encoding()
 
 
