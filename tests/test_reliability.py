@@ -26,7 +26,7 @@ import yaml
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
 from mamba3_lite import train as T
-from mamba3_lite.checkpoint import CheckpointManager, CheckpointWarning, checkpoint_digest
+from mamba3_lite.checkpoint import CheckpointManager, CheckpointWarning
 from mamba3_lite.logger import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,6 +248,7 @@ def test_checkpoint_that_matches_its_hashes_but_does_not_load_falls_back(tmp_pat
         bad.write_bytes(os.urandom(4096))
     else:
         torch.save({"state": {}, "param_groups": [], "evil": np.dtype("float64")}, bad)  # weights_only refuses it
+    from mamba3_lite.checkpoint import checkpoint_digest
     rec = checkpoint_digest(bad)
     rewrite_meta(mgr.paths(4)["meta"], lambda m: m["files"][what].update(size=rec["size"], blake3=rec["blake3"]))
     assert not mgr.problems(4)  # hashes match
