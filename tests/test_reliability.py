@@ -145,7 +145,7 @@ def test_interrupted_or_failed_prepare_is_refused_and_a_rerun_rechecks_content(t
     from mamba3_lite.cli import prepare_cli
     corpus, out = _corpus(tmp_path / "corpus", n=200), tmp_path / "tok"
     cmd = [sys.executable, "-c", "import sys; from mamba3_lite.cli import main; sys.exit(main())", "prepare", str(corpus),
-           "--out", str(out), "--val-tokens", "500", "--shard-size-tokens", "2000", "--workers", "1", "--quiet"]
+           "--out", str(out), "--val-tokens", "2000", "--shard-size-tokens", "2000", "--workers", "1", "--quiet"]
     p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 120
     while not (out / "train" / "shard_000003.bin").exists():
@@ -154,6 +154,7 @@ def test_interrupted_or_failed_prepare_is_refused_and_a_rerun_rechecks_content(t
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     assert not (out / "train" / "manifest.json").exists()   # killed midway: nothing committed
+    assert list((out / "val").glob("shard_*.bin"))          # (both splits have shards: it would train)
     f = write_yaml(tmp_path / "c.yaml", Cfg.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=1),
                                                           {"model.vocab_size": 50257, "data.dummy": False}))
     rc, _, err = cli(CLI.train_cli, ["--config", str(f), "--data-path", str(out)])
