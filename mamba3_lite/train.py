@@ -381,7 +381,8 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     meta = self.ckpt.read_meta(step)
     target = FullModelView(self.raw_model) if self.sharded else self.raw_model
     if "data_position" not in meta and "optim" not in meta["files"]:   # weights only, e.g. `mamba3-lite import`
-        meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True)
+        meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True,   # warns: no optimizer state
+                              optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded))
         self.log(f"[resume] checkpoint step {step} holds weights only: optimizer, schedule and data order start fresh")
         self.step = meta["step"]
         return self.step
@@ -588,12 +589,13 @@ def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
         warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(run_dir)))
 
 
-def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None) -> dict:
+def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
+                 reset_optimizer: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
     Returns run_dir, first/final step, first/final validation loss, every eval, tokens seen and wall time."""
     if cfg.training.dry_run:
         cfg = dry_run_config(cfg)
-    trainer = Pretrainer(cfg, resume_step=resume_step, log=log)
+    trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer)
     try:
         return trainer.train()
     finally:
