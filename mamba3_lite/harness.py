@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['EVAL_EXTRA', 'MissingExtraError', 'require_extra', 'request_input', 'score_rows', 'loglikelihood_naive',
            'loglikelihood_batched', 'rolling_windows', 'generate_naive', 'concat_caches', 'select_rows',
-           'generate_batched', 'generation_settings', 'cut_at_stop', 'sum_by_document', 'Mamba3LM', 'run_tasks',
-           'results_table', 'results_path', 'write_results']
+           'generate_batched', 'generation_settings', 'cut_at_stop', 'sum_by_document', 'Mamba3LM', 'task_manager',
+           'run_tasks', 'results_table', 'results_path', 'write_results']
 
-# %% ../nbs/15_harness.ipynb #7f664d2e
+# %% ../nbs/15_harness.ipynb #fe448311
 import json
 import os
 from pathlib import Path
@@ -22,7 +22,7 @@ from .data import GPT2_EOS_ID, gpt2_encoding
 from .model import Mamba3Transformer, sample_next
 from .ssd import SSDState
 
-# %% ../nbs/15_harness.ipynb #67f9a593
+# %% ../nbs/15_harness.ipynb #0b03fc33
 class MissingExtraError(RuntimeError):
     "An optional dependency is not installed; the message names the `pip install 'mamba3-lite[...]'` that brings it."
 
@@ -34,7 +34,7 @@ def require_extra(module: str, extra: str, what: str):
         raise MissingExtraError(f"{what} needs the Python package {module!r}, which is not installed ({e}); "
                                 f"install it with: pip install 'mamba3-lite[{extra}]'") from None
 
-# %% ../nbs/15_harness.ipynb #d88aaba9
+# %% ../nbs/15_harness.ipynb #e98e278e
 def request_input(context: list, continuation: list, max_len: int) -> tuple:
     "(model input ids, number of scored last positions): `(context + continuation)[:-1]`, cut on the left to `max_len`."
     if not continuation: raise ValueError("a log-likelihood request needs a non-empty continuation")
@@ -59,7 +59,7 @@ def loglikelihood_naive(model, requests, max_len: int) -> list:
         out.append(score_rows(logits, torch.tensor(cont, device=dev)))
     return out
 
-# %% ../nbs/15_harness.ipynb #694c12c1
+# %% ../nbs/15_harness.ipynb #8bebfba6
 @torch.no_grad()
 def loglikelihood_batched(model, requests, max_len: int, batch_size: int = 8, pad_id: int = GPT2_EOS_ID,
                           progress: bool = False) -> list:
@@ -79,7 +79,7 @@ def loglikelihood_batched(model, requests, max_len: int, batch_size: int = 8, pa
             out[i] = score_rows(logits[r, T_i - n:T_i], torch.tensor(requests[i][1], device=dev))
     return out
 
-# %% ../nbs/15_harness.ipynb #d4421ba3
+# %% ../nbs/15_harness.ipynb #f9a979e2
 def rolling_windows(tokens: list, prefix_id: int, max_len: int) -> list:
     "(context, continuation) requests that score every token of `tokens` once, each input at most `max_len` tokens."
     if not isinstance(max_len, int) or max_len < 1: raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
@@ -92,7 +92,7 @@ def rolling_windows(tokens: list, prefix_id: int, max_len: int) -> list:
         pos = end
     return windows
 
-# %% ../nbs/15_harness.ipynb #64e4f481
+# %% ../nbs/15_harness.ipynb #ab3c03f1
 @torch.no_grad()
 def generate_naive(model, prompt: list, max_new_tokens: int, eos_id: int = None, stop: Callable = None) -> list:
     "Greedy continuation ids of one prompt, re-reading the whole sequence per token (the test oracle)."
@@ -104,7 +104,7 @@ def generate_naive(model, prompt: list, max_new_tokens: int, eos_id: int = None,
         if nxt == eos_id or (stop is not None and stop(new)): break
     return new
 
-# %% ../nbs/15_harness.ipynb #737f8b8d
+# %% ../nbs/15_harness.ipynb #5b25d1cf
 def concat_caches(caches: list) -> list:
     "Join per-layer decode states of several batches along the batch dimension."
     return [SSDState(*(torch.cat(ts) for ts in zip(*layer))) for layer in zip(*caches)]
@@ -144,7 +144,7 @@ def generate_batched(model, prompts: list, max_new_tokens: int, eos_id: int = No
         for i in idx: out[i] = new[i]
     return out
 
-# %% ../nbs/15_harness.ipynb #89ac77d9
+# %% ../nbs/15_harness.ipynb #cae9972c
 def generation_settings(kwargs: dict, eos_text: str, default_max: int) -> tuple:
     "(stop strings, max new tokens, temperature) from an lm-eval `gen_kwargs` dict."
     kw = dict(kwargs)
@@ -166,7 +166,7 @@ def sum_by_document(values: list, counts: list) -> list:
     for n in counts: out.append(sum(values[k:k + n])); k += n
     return out
 
-# %% ../nbs/15_harness.ipynb #b435cfb4
+# %% ../nbs/15_harness.ipynb #fedbdfac
 try:
     from lm_eval.api.model import TemplateLM as _HarnessBase
 except ImportError:                                    # the extra is missing: Mamba3LM() says which to install
@@ -233,17 +233,25 @@ class Mamba3LM(_HarnessBase):
                 self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
         return out
 
-# %% ../nbs/15_harness.ipynb #203b81f3
+# %% ../nbs/15_harness.ipynb #f051bdc4
+def task_manager(tasks: list, include_path=None, include_defaults: bool = None):
+    """lm-eval's `TaskManager` over the built-in tasks plus `include_path`'s YAMLs. `include_defaults=None`: leave the
+    built-ins out (indexing them takes tens of seconds) when `include_path` alone defines every task asked for."""
+    from lm_eval.tasks import TaskManager
+    paths = [str(p) for p in include_path] if isinstance(include_path, (list, tuple)) else include_path
+    if include_defaults is None and paths:
+        local = TaskManager(include_path=paths, include_defaults=False)
+        if all(t in local.all_subtasks for t in tasks): return local
+    return TaskManager(include_path=paths, include_defaults=include_defaults is not False)
+
 def run_tasks(lm: Mamba3LM, tasks: list, limit: float = None, num_fewshot: int = None, include_path=None,
-              include_defaults: bool = True, log_samples: bool = False, seed: int = 1234, bootstrap_iters: int = 0) -> dict:
+              include_defaults: bool = None, log_samples: bool = False, seed: int = 1234, bootstrap_iters: int = 0) -> dict:
     "lm-eval's `simple_evaluate` of `tasks` (names) on `lm`; returns its results dict."
     require_extra(*EVAL_EXTRA)
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
     if isinstance(tasks, str): tasks = [t for t in tasks.split(",") if t]
     if not tasks: raise ValueError("no tasks given (e.g. --tasks hellaswag,arc_easy)")
-    tm = TaskManager(include_path=[str(p) for p in include_path] if isinstance(include_path, (list, tuple)) else include_path,
-                     include_defaults=include_defaults)
+    tm = task_manager(tasks, include_path, include_defaults)
     unknown = [t for t in tasks if t not in tm.all_tasks]
     if unknown:
         raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}; `lm-eval ls tasks` lists them"
