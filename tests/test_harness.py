@@ -2,12 +2,13 @@
 `Mamba3LM`, every per-sample answer checked against a direct computation with the model (log-softmax sums of
 one plain forward; greedy decoding by re-reading the whole sequence), and `mamba3-lite eval --tasks` on a run
 directory. Skipped (with the reason) only where the `eval` extra is not installed."""
-import contextlib
-import io
 import json
 import math
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
-from mamba3_lite.data import TokenizerUnavailableError, gpt2_encoding  # noqa: E402
+from mamba3_lite.tokenizer import TokenizerUnavailableError, gpt2_encoding  # noqa: E402
 from mamba3_lite.harness import Mamba3LM, rolling_windows, run_tasks  # noqa: E402
 from mamba3_lite.model import Mamba3Transformer, ModelConfig  # noqa: E402
 
@@ -30,6 +31,7 @@ def _gpt2():
         return None
 
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(_gpt2() is None, reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 
 QA = [{"q": "The capital of France is", "choices": [" Paris", " Rome", " a large city on the Seine"], "label": 0},
@@ -98,8 +100,7 @@ def test_rolling_windows_are_lm_evals(lm):
 
 
 def test_local_tasks_end_to_end_match_direct_computation(lm, tmp_path):
-    res = run_tasks(lm, ["local_qa", "local_docs", "local_gen"], include_path=str(write_tasks(tmp_path)),
-                    include_defaults=False, log_samples=True)
+    res = run_tasks(lm, ["local_qa", "local_docs", "local_gen"], include_path=str(write_tasks(tmp_path)), log_samples=True)
     model, enc, eos = lm.model, lm.enc, lm.eot_token_id
     # loglikelihood: every choice of every question
     qa = res["samples"]["local_qa"]
@@ -142,7 +143,41 @@ def test_local_tasks_end_to_end_match_direct_computation(lm, tmp_path):
 
 def test_limit_and_unknown_task(lm, tmp_path):
     write_tasks(tmp_path)
-    res = run_tasks(lm, "local_qa", limit=2, include_path=str(tmp_path), include_defaults=False, log_samples=True)
+    res = run_tasks(lm, "local_qa", limit=2, include_path=str(tmp_path), log_samples=True)
     assert len(res["samples"]["local_qa"]) == 2
-    with pytest.raises(ValueError, match="unknown lm-eval task.*no_such_task"):
-        run_tasks(lm, ["no_such_task"], include_path=str(tmp_path), include_defaults=False)
+    with pytest.raises(ValueError, match="unknown lm-eval task.*no_such_task"):   # looked up among the built-ins too
+        run_tasks(lm, ["local_qa", "no_such_task"], include_path=str(tmp_path))
+
+
+def test_cli_eval_tasks_on_a_run_directory(tmp_path):
+    "`mamba3-lite eval --tasks` on a run that `mamba3-lite train` wrote: table on stdout, JSON beside metrics.jsonl."
+    cli = [sys.executable, "-c", "import sys; from mamba3_lite.cli import main; sys.exit(main())"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = lambda *a: subprocess.run(cli + [str(x) for x in a], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    r = run("train", "--config", ROOT / "configs" / "tiny_cpu.yaml", "--dry-run", "--checkpoint-dir", tmp_path / "run",
+            "--data-path", tmp_path / "no-data", "--no-compile")
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "run" / "dry_run"
+    assert (run_dir / "metrics.jsonl").is_file()
+    (tmp_path / "tasks").mkdir()
+    tasks = write_tasks(tmp_path / "tasks")
+    r = run("eval", "--checkpoint-dir", run_dir, "--tasks", "local_qa,local_docs", "--include-path", tasks,
+            "--limit", 3, "--batch-size", 2)
+    assert r.returncode == 0, r.stderr
+    assert "local_qa" in r.stdout and "acc" in r.stdout and "bits_per_byte" in r.stdout
+    written = sorted(run_dir.glob("lm_eval_step*_local_qa+local_docs.json"))
+    assert len(written) == 1, list(run_dir.iterdir())
+    saved = json.loads(written[0].read_text())
+    step = saved["mamba3_lite"]["step"]
+    assert written[0].name == f"lm_eval_step{step}_local_qa+local_docs.json" and saved["mamba3_lite"]["limit"] == 3
+    # the same numbers in-process, from the same checkpoint
+    lm = Mamba3LM.from_run_dir(run_dir, progress=False, batch_size=2)
+    assert lm.step == step and lm.max_length == 128                           # the run's max_seq_len
+    res = run_tasks(lm, ["local_qa", "local_docs"], limit=3, include_path=str(tasks))
+    for task, metric in (("local_qa", "acc,none"), ("local_docs", "bits_per_byte,none")):
+        assert saved["results"][task][metric] == pytest.approx(res["results"][task][metric], rel=1e-5)
+    for args, msg in ((["--checkpoint-dir", run_dir], "give --data-path"),
+                      (["--checkpoint-dir", run_dir, "--data-path", tmp_path, "--limit", 3], "go with --tasks"),
+                      (["--checkpoint-dir", run_dir, "--tasks", "local_qa,nope_m3l", "--include-path", tasks], "unknown lm-eval task(s) nope_m3l")):
+        r = run("eval", *args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and msg in r.stderr, (args, r.stderr)
