@@ -247,6 +247,8 @@ def eval_parser() -> argparse.ArgumentParser:
     h.add_argument("--limit", type=_limit, metavar="N", help="evaluate only the first N documents of each task (a fraction if < 1)")
     h.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt (default: each task's own)")
     h.add_argument("--include-path", metavar="DIR", help="a directory of extra task YAMLs (local tasks and data)")
+    h.add_argument("--bootstrap-iters", type=int, default=0, metavar="N", help="standard errors: 0 = none (default); N > 0 = "
+                   "closed form for accuracies, N bootstrap resamples for the other metrics")
     h.add_argument("--output", metavar="FILE", help="write the results JSON here instead of the run directory")
     return p
 
@@ -267,8 +269,8 @@ def eval_cli(argv=None) -> int:
             return eval_tasks(a)
         if a.data_path is None:
             raise ValueError("give --data-path (a prepared corpus) or --tasks (lm-eval benchmarks)")
-        if a.limit is not None or a.num_fewshot is not None or a.include_path or a.output:
-            raise ValueError("--limit, --num-fewshot, --include-path and --output go with --tasks")
+        if a.limit is not None or a.num_fewshot is not None or a.include_path or a.output or a.bootstrap_iters:
+            raise ValueError("--limit, --num-fewshot, --include-path, --bootstrap-iters and --output go with --tasks")
         model, cfg, meta = load_trained(a.checkpoint_dir, a.step, a.device)
         enc = gpt2_encoding()
         ds = PretrainDataset(a.data_path, cfg.data.max_seq_len, model.config.vocab_size, split=a.split)
@@ -286,7 +288,8 @@ def eval_tasks(a) -> int:
 
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
     lm = Mamba3LM.from_run_dir(a.checkpoint_dir, a.step, a.device, batch_size=a.batch_size)
-    res = run_tasks(lm, tasks, limit=a.limit, num_fewshot=a.num_fewshot, include_path=a.include_path)
+    res = run_tasks(lm, tasks, limit=a.limit, num_fewshot=a.num_fewshot, include_path=a.include_path,
+                    bootstrap_iters=a.bootstrap_iters)
     info = {"run_dir": str(a.checkpoint_dir), "step": lm.step, "max_length": lm.max_length, "batch_size": a.batch_size,
             "limit": a.limit, "num_fewshot": a.num_fewshot, "tasks": tasks}
     path = write_results(res, a.output or results_path(a.checkpoint_dir, lm.step, tasks), info)
