@@ -4,9 +4,11 @@
 
 # %% auto #0
 __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'DEFAULT_INCLUDE',
-           'MANIFEST_KEYS', 'SHARD_KEYS', 'token_dtype_code', 'shard_bytes', 'write_shard', 'Shard', 'list_input_files',
-           'stdlib_corpus_files', 'iter_documents', 'prepare_corpus', 'locate', 'window_naive', 'window_fast',
-           'check_manifest_keys', 'PretrainDataset', 'dataset_identity', 'verify_in_background', 'WindowSampler']
+           'PARQUET_BATCH_ROWS', 'MANIFEST_KEYS', 'SHARD_KEYS', 'token_dtype_code', 'shard_bytes', 'write_shard',
+           'Shard', 'list_input_files', 'stdlib_corpus_files', 'iter_documents', 'MissingExtraError', 'require_extra',
+           'iter_parquet_documents', 'is_saved_dataset', 'hf_dataset_source', 'iter_hf_documents', 'document_source',
+           'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'check_manifest_keys', 'PretrainDataset',
+           'dataset_identity', 'verify_in_background', 'WindowSampler']
 
 # %% ../nbs/06_data.ipynb #0a784d2a
 import bisect
@@ -92,7 +94,7 @@ class Shard:
     def sha256(self) -> str: return file_digest(self.path)["sha256"]   # of the whole file, header included
 
 # %% ../nbs/06_data.ipynb #74fdd573
-DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl")
+DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl", "*.parquet")
 
 def list_input_files(inputs, include=None) -> list:
     "Expand files and directories (recursive, `include` globs on the file name) into a sorted, de-duplicated file list."
@@ -125,9 +127,10 @@ def stdlib_corpus_files() -> list:
     return files
 
 def iter_documents(files, text_field: str = "text"):
-    "Yield (text, n_bytes) per document: a whole text file, or one `.jsonl` line's `text_field`."
+    "Yield (text, n_bytes) per document: a whole text file, one `.jsonl` line's or one `.parquet` row's `text_field`."
     for f in files:
-        if f.suffix == ".jsonl":
+        if f.suffix == ".parquet": yield from iter_parquet_documents(f, text_field)
+        elif f.suffix == ".jsonl":
             with open(f, "rb") as fh:
                 for lineno, raw in enumerate(fh, 1):
                     if not raw.strip(): continue
@@ -141,6 +144,98 @@ def iter_documents(files, text_field: str = "text"):
             try: text = raw.decode("utf-8")
             except UnicodeDecodeError as e: raise ValueError(f"{f}: not UTF-8 text (byte {e.start}); convert it or leave it out with --include") from None
             yield text, len(raw)
+
+# %% ../nbs/06_data.ipynb #d1eec327
+class MissingExtraError(RuntimeError):
+    "An optional dependency is not installed; the message names the `pip install 'mamba3-lite[...]'` that brings it."
+
+def require_extra(module: str, extra: str, what: str):
+    "Import and return `module`, or raise `MissingExtraError` naming the extra that provides it."
+    import importlib
+    try: return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(f"{what} needs the Python package {module!r}, which is not installed ({e}); "
+                                f"install it with: pip install 'mamba3-lite[{extra}]'") from None
+
+PARQUET_BATCH_ROWS = 1024
+
+def iter_parquet_documents(path, text_field: str = "text", batch_rows: int = PARQUET_BATCH_ROWS):
+    "Yield (text, share of the file's bytes) per row of a parquet file's `text_field` column, one record batch at a time."
+    pq = require_extra("pyarrow.parquet", "data", f"reading {path}")
+    import pyarrow as pa
+    path = Path(path)
+    try: pf = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+    except pa.ArrowInvalid as e: raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+    schema = pf.schema_arrow
+    if text_field not in schema.names:
+        raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(schema.names[:12])}); name the text column with --text-field")
+    typ = schema.field(text_field).type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)):
+        raise ValueError(f"{path}: column {text_field!r} holds {typ}, expected strings")
+    per_row, row = path.stat().st_size / max(pf.metadata.num_rows, 1), 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=[text_field]):
+        col = batch.column(0)
+        if col.null_count:
+            bad = row + col.is_null().to_pylist().index(True)
+            raise ValueError(f"{path}: row {bad}: {text_field!r} is null, expected a string")
+        for text in col.to_pylist(): yield text, per_row
+        row += len(col)
+
+# %% ../nbs/06_data.ipynb #1e95140f
+def is_saved_dataset(path) -> bool:
+    "A directory written by `datasets`' `save_to_disk`: a Dataset (state.json) or a DatasetDict (dataset_dict.json)."
+    p = Path(path)
+    return p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file())
+
+def _file_record(f) -> dict:
+    st = Path(f).stat()
+    return {"path": str(f), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+def hf_dataset_source(name, config: str = None, split: str = "train", data_files=None) -> tuple:
+    "(iterable dataset of rows, its manifest record): a `save_to_disk` directory, else `load_dataset(..., streaming=True)`."
+    hf = require_extra("datasets", "data", "--hf-dataset")
+    desc = {"hf_dataset": str(name), "config": config, "split": split}
+    if is_saved_dataset(name):
+        if config is not None or data_files: raise ValueError(f"--hf-dataset {name} is a save_to_disk directory: --hf-config / --hf-data-files do not apply")
+        d, state = hf.load_from_disk(str(name)), Path(name) / "state.json"
+        if isinstance(d, hf.DatasetDict):
+            if split not in d: raise ValueError(f"{name}: has the splits {', '.join(d)}, not {split!r}; choose one with --split")
+            d, state = d[split], Path(name) / split / "state.json"
+        desc["fingerprint"] = json.loads(state.read_text()).get("_fingerprint")   # changes whenever the data does
+        return d.to_iterable_dataset(), desc
+    files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files or [])
+    for f in files:
+        if not Path(f).is_file(): raise FileNotFoundError(f"--hf-data-files: {f} does not exist")
+    desc["data_files"] = [_file_record(f) for f in files]
+    try: return hf.load_dataset(str(name), config, split=split, data_files=[str(f) for f in files] or None, streaming=True), desc
+    except (OSError, ValueError) as e:                   # not found, offline, unknown config or split
+        raise ValueError(f"--hf-dataset {name}: cannot open it ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]})") from None
+
+def iter_hf_documents(dataset, text_field: str = "text", what: str = "dataset", batch_rows: int = PARQUET_BATCH_ROWS):
+    "Yield (text, UTF-8 bytes) per row of an iterable dataset's `text_field`, `batch_rows` rows at a time."
+    cols = dataset.column_names                        # None when a streamed dataset does not declare its features
+    if cols is not None:
+        if text_field not in cols: raise ValueError(f"{what}: no column {text_field!r} (columns: {', '.join(cols[:12])}); name the text column with --text-field")
+        dataset = dataset.select_columns([text_field])
+    row = 0
+    for batch in dataset.iter(batch_size=batch_rows):
+        if text_field not in batch: raise ValueError(f"{what}: rows have no field {text_field!r} (fields: {', '.join(batch)}); name it with --text-field")
+        for text in batch[text_field]:
+            if not isinstance(text, str): raise ValueError(f"{what}: row {row}: {text_field!r} is {type(text).__name__}, expected a string")
+            yield text, len(text.encode("utf-8"))
+            row += 1
+
+# %% ../nbs/06_data.ipynb #a97d2ade
+def document_source(inputs=None, include=None, text_field: str = "text", hf_dataset=None, hf_config: str = None,
+                    hf_split: str = "train", hf_data_files=None) -> tuple:
+    "(iterator of (text, source bytes), the sources as the manifest records them, total source bytes or None)."
+    if hf_dataset is None:
+        files = list_input_files(inputs, include)
+        sources = [_file_record(f) for f in files]
+        return iter_documents(files, text_field), sources, sum(s["bytes"] for s in sources)
+    if inputs: raise ValueError("give input files or a Hugging Face dataset (--hf-dataset), not both")
+    dataset, desc = hf_dataset_source(hf_dataset, hf_config, hf_split, hf_data_files)
+    return iter_hf_documents(dataset, text_field, what=f"--hf-dataset {hf_dataset}"), [desc], None
 
 # %% ../nbs/06_data.ipynb #06445958
 class _SplitWriter:
@@ -203,8 +298,9 @@ def _encode_texts(enc, texts):
 # %% ../nbs/06_data.ipynb #cb59f89d
 def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens: int = None, val_fraction: float = None,
                    include=None, workers: int = 1, text_field: str = "text", encoding=None, bpe_file=None,
-                   progress: bool = True, batch_bytes: int = 1 << 18) -> dict:
-    "Tokenize `inputs` (files/dirs/.jsonl) with GPT-2 BPE into `out/train` and `out/val` shards; returns both manifests."
+                   progress: bool = True, batch_bytes: int = 1 << 18, max_tokens: int = None, hf_dataset=None,
+                   hf_config: str = None, hf_split: str = "train", hf_data_files=None) -> dict:
+    "Tokenize `inputs` (files/dirs/.jsonl/.parquet) or a Hugging Face dataset with GPT-2 BPE into `out/train` and `out/val` shards; returns both manifests."
     from collections import deque
     from tqdm.auto import tqdm
     if val_tokens is not None and val_fraction is not None: raise ValueError("give val_tokens or val_fraction, not both")
@@ -213,7 +309,8 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     if val_fraction is not None and not 0.0 <= val_fraction < 1.0: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
     if not isinstance(shard_size_tokens, int) or shard_size_tokens < 1: raise ValueError(f"shard_size_tokens must be a positive integer, got {shard_size_tokens!r}")
     if not isinstance(workers, int) or workers < 1: raise ValueError(f"workers must be a positive integer, got {workers!r}")
-    files = list_input_files(inputs, include)
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1): raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    documents, sources, total_bytes = document_source(inputs, include, text_field, hf_dataset, hf_config, hf_split, hf_data_files)
     enc = encoding if encoding is not None else gpt2_encoding(bpe_file)
     vocab, eos = enc.n_vocab, enc.eot_token
     out = Path(out)
@@ -221,7 +318,7 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     meta = {"format": "mamba3-lite-shards", "version": SHARD_VERSION, "tokenizer": enc.name if enc.name != "r50k_base" else TOKENIZER_NAME,
             "vocab_size": vocab, "eos_id": eos, "dtype": DTYPE_NAMES[token_dtype_code(vocab)], "shard_size_tokens": shard_size_tokens,
             "val_tokens": val_tokens, "val_fraction": val_fraction, "text_field": text_field,
-            "sources": [{"path": str(f), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]}
+            "sources": sources, **({"max_tokens": max_tokens} if max_tokens is not None else {})}
     done = _finished_output(out, meta)
     if done is not None: return done
     for s in ("train", "val"):                          # uncommit an earlier run first: its manifests must not vouch
@@ -229,9 +326,11 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
             (out / s / "manifest.json").unlink(); fsync_dir(out / s)
     writers = {s: _SplitWriter(out / s, shard_size_tokens, vocab, eos) for s in ("train", "val")}
     seen = n_empty = 0
-    bar = tqdm(total=sum(s["bytes"] for s in meta["sources"]), unit="B", unit_scale=True, desc="prepare", disable=not progress)
+    full = False                                        # max_tokens reached: the documents after this one are not used
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     def consume(future, n_bytes):                       # in document order
-        nonlocal seen, n_empty
+        nonlocal seen, n_empty, full
+        if full: return
         for toks in future.result():
             if toks.size == 0: n_empty += 1; continue
             doc = np.empty(toks.size + 1, dtype=np.uint32); doc[:-1] = toks; doc[-1] = eos
@@ -239,17 +338,20 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
             v = writers["val"]
             to_val = v.n_tokens < val_tokens if val_tokens is not None else v.n_tokens < val_fraction * seen
             writers["val" if to_val else "train"].add(doc)
-        bar.update(n_bytes)
+            full = max_tokens is not None and seen >= max_tokens
+            if full: break
+        bar.update(n_bytes); bar.set_postfix_str(f"{seen:,} tokens", refresh=False)
     # batches of ~batch_bytes go to `workers` threads; at most 4 batches per worker in flight, results used in order
     inflight, batch, size = deque(), [], 0
     with ThreadPoolExecutor(workers) as pool:
         try:
-            for text, nb in iter_documents(files, text_field):
+            for text, nb in documents:
+                if full: break
                 batch.append(text); size += nb
                 if size >= batch_bytes:
                     inflight.append((pool.submit(_encode_texts, enc, batch), size)); batch, size = [], 0
                     if len(inflight) > 4 * workers: consume(*inflight.popleft())
-            if batch: inflight.append((pool.submit(_encode_texts, enc, batch), size))
+            if batch and not full: inflight.append((pool.submit(_encode_texts, enc, batch), size))
             while inflight: consume(*inflight.popleft())
         finally:
             for f, _ in inflight: f.cancel()
