@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mamba3_lite.data import (PretrainDataset, prepare_corpus, stdlib_corpus_files, window_fast,  # noqa: E402
-                              window_naive, write_shard)
+from mamba3_lite.data import PretrainDataset, window_fast, window_naive, write_shard  # noqa: E402
+from mamba3_lite.prepare import prepare_corpus, stdlib_corpus_files  # noqa: E402
 from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TokenizerUnavailableError, gpt2_encoding  # noqa: E402
 
 

@@ -193,7 +193,8 @@ def gpt2_ranks_source():
 def ensure_corpus(ctx) -> Path:
     "Write the smoke corpus once (ctx.corpus: dir with train/ and val/ shards) and return it."
     if ctx.corpus is not None: return ctx.corpus
-    from mamba3_lite.data import prepare_corpus, write_shard
+    from mamba3_lite.data import write_shard
+    from mamba3_lite.prepare import prepare_corpus
     from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE
     out = ctx.workdir / "corpus"
     rng = np.random.default_rng(0)
@@ -444,7 +445,7 @@ def check_train(ctx, c: Check):
 def check_generate(ctx, c: Check):
     from mamba3_lite.checkpoint import CheckpointManager
     from mamba3_lite.model import Mamba3Transformer, ModelConfig
-    from mamba3_lite.train import load_trained
+    from mamba3_lite.evaluate import load_trained
 
     dev = ctx.device
     if CheckpointManager(ctx.run_dir).latest_step() is not None:

@@ -137,6 +137,7 @@ def meta_digest(meta: dict) -> str:
 class CheckpointCorruptError(RuntimeError):
     "A checkpoint file does not match the size/digest its commit record (meta) holds, does not load, or the meta is unreadable or edited."
 
+# %% ../nbs/07_checkpoint.ipynb #c5120311
 class CheckpointManager:
     "Atomic, verified three-file checkpoints (`model_step_N.safetensors`, `optim_step_N.pt`, `meta_step_N.json`)."
     def __init__(self, save_dir, keep_last=None):
@@ -187,20 +188,22 @@ class CheckpointManager:
             raise CheckpointCorruptError(f"{path}: content does not match its meta_sha256 digest (edited or corrupt)")
         return meta
 
-    def problems(self, step: int) -> list:
-        "Why `step` is not a complete, valid checkpoint (`[]` if it is); each entry names the file."
-        paths = self.paths(step)
-        try: meta = self.read_meta(step)
-        except FileNotFoundError: return [f"{paths['meta']}: missing (step {step} was never committed)"]
-        except CheckpointCorruptError as e: return [str(e)]
-        out = []
-        for kind, rec in meta["files"].items():
-            p = self.save_dir / rec["name"]
-            if not p.exists(): out.append(f"{p}: missing (its meta records {rec['size']} bytes)"); continue
-            size = p.stat().st_size
-            if size != rec["size"]: out.append(f"{p}: size {size} != {rec['size']} recorded in meta (truncated or torn)")
-            elif self._digest(p, algo := record_digest(rec))[algo] != rec[algo]: out.append(f"{p}: {algo} digest differs from meta (corrupt)")
-        return out
+# %% ../nbs/07_checkpoint.ipynb #ef09a7a9
+@patch
+def problems(self: CheckpointManager, step: int) -> list:
+    "Why `step` is not a complete, valid checkpoint (`[]` if it is); each entry names the file."
+    paths = self.paths(step)
+    try: meta = self.read_meta(step)
+    except FileNotFoundError: return [f"{paths['meta']}: missing (step {step} was never committed)"]
+    except CheckpointCorruptError as e: return [str(e)]
+    out = []
+    for kind, rec in meta["files"].items():
+        p = self.save_dir / rec["name"]
+        if not p.exists(): out.append(f"{p}: missing (its meta records {rec['size']} bytes)"); continue
+        size = p.stat().st_size
+        if size != rec["size"]: out.append(f"{p}: size {size} != {rec['size']} recorded in meta (truncated or torn)")
+        elif self._digest(p, algo := record_digest(rec))[algo] != rec[algo]: out.append(f"{p}: {algo} digest differs from meta (corrupt)")
+    return out
 
 # %% ../nbs/07_checkpoint.ipynb #120344c4
 def _seal_async(pool, tmp):
@@ -231,6 +234,7 @@ def _is_disk_full(e: BaseException) -> bool:
         e = e.__cause__ or e.__context__
     return False
 
+# %% ../nbs/07_checkpoint.ipynb #9a291104
 @patch
 def committed_before(self: CheckpointManager, step: int):
     "The newest step below `step` that has a meta on disk (not re-verified), or None."
@@ -287,6 +291,7 @@ def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, 
         if self.keep_last is not None: self.prune(step)
     return meta
 
+# %% ../nbs/07_checkpoint.ipynb #7a15495a
 @patch
 def prune(self: CheckpointManager, newest: int):
     "Keep the `keep_last` newest committed steps up to `newest`; remove every file of steps older than those."
@@ -366,6 +371,7 @@ def _verified_read(path: Path, rec: dict, job, before, reader):
     if _fingerprint(path) != before: raise CheckpointCorruptError(f"{path}: changed while it was being loaded")
     return obj
 
+# %% ../nbs/07_checkpoint.ipynb #bf84748d
 @patch
 def load(self: CheckpointManager, model, step: int, device="cpu", optimizer=None, strict=True) -> dict:
     """Verify and load `step` into `model` (and `optimizer` if given); return the meta.

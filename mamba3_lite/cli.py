@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
 # %% ../nbs/12_cli.ipynb #b5b72a9f
 def prepare_parser() -> argparse.ArgumentParser:
-    from mamba3_lite.data import DEFAULT_INCLUDE
+    from mamba3_lite.prepare import DEFAULT_INCLUDE
     p = CLIParser(prog="mamba3-lite prepare", description=
         "Tokenize text with GPT-2 BPE (50,257 ids, EOS 50,256 after every document) into flat uint16 shards "
         "OUT/train/shard_NNNNNN.bin and OUT/val/shard_NNNNNN.bin, each with a manifest.json. Inputs: text, .jsonl and "
@@ -116,9 +116,10 @@ def prepare_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
+# %% ../nbs/12_cli.ipynb #168a6750
 def prepare_cli(argv=None) -> int:
     "`mamba3-lite prepare ...`; returns the exit code."
-    from mamba3_lite.data import prepare_corpus
+    from mamba3_lite.prepare import prepare_corpus
     def body(a):
         if not a.inputs and a.hf_dataset is None: raise ValueError("give INPUT files or directories, or --hf-dataset NAME")
         if a.hf_dataset is None and (a.hf_config or a.hf_data_files):
@@ -159,7 +160,6 @@ def install_tokenizer_cli(argv=None) -> int:
             print(f"tiktoken reads it when TIKTOKEN_CACHE_DIR={a.cache_dir}")
         return 0
     return run_cli(p, argv, body)
-
 
 # %% ../nbs/12_cli.ipynb #8630f37c
 def _positive(s: str) -> int:
@@ -206,7 +206,7 @@ def train_parser() -> argparse.ArgumentParser:
 def _cli_config(a):
     import yaml
     from mamba3_lite.config import ConfigError, ConfigLoader, apply_overrides, load_config
-    from mamba3_lite.train import dry_run_config
+    from mamba3_lite.config import dry_run_config
     cfg = load_config(a.config)
     over = {}
     for kv in a.set:
@@ -267,11 +267,11 @@ def _limit(s: str) -> float:
         raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
     return int(v) if v >= 1 and v == int(v) else v
 
-
+# %% ../nbs/12_cli.ipynb #643af625
 def eval_cli(argv=None) -> int:
     "`mamba3-lite eval ...`; returns the exit code."
     from mamba3_lite.data import PretrainDataset
-    from mamba3_lite.train import evaluate_bits_per_byte, load_trained
+    from mamba3_lite.evaluate import evaluate_bits_per_byte, load_trained
     def body(a):
         if a.tasks is not None:
             return eval_tasks(a)
@@ -323,7 +323,7 @@ def generate_parser() -> argparse.ArgumentParser:
 def generate_cli(argv=None) -> int:
     "`mamba3-lite generate ...`; returns the exit code."
     import torch
-    from mamba3_lite.train import load_trained
+    from mamba3_lite.evaluate import load_trained
     def body(a):
 
         if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
@@ -430,7 +430,7 @@ def quickstart_parser() -> argparse.ArgumentParser:
 
 # %% ../nbs/12_cli.ipynb #50f51a2c
 def _prepare_data(args, log) -> Path:
-    from mamba3_lite.data import prepare_corpus, stdlib_corpus_files
+    from mamba3_lite.prepare import prepare_corpus, stdlib_corpus_files
 
     if args.data_path and len(args.data_path) == 1 and _is_prepared(Path(args.data_path[0])):
         return Path(args.data_path[0])
@@ -466,7 +466,8 @@ def quickstart(args, log=print) -> dict:
     import torch
     from mamba3_lite.config import apply_overrides, load_config
     from mamba3_lite.logger import plot_metrics
-    from mamba3_lite.train import load_trained, run_training
+    from mamba3_lite.evaluate import load_trained
+    from mamba3_lite.train import run_training
 
     t0 = time.time()
     enc = _tokenizer(args.offline, log)  # fails first, with instructions, when the GPT-2 ranks are unavailable
@@ -490,7 +491,7 @@ def quickstart(args, log=print) -> dict:
 
 
 def quickstart_cli(argv=None) -> int:
-    "`mamba3-lite quickstart`: the main job, with user mistakes reported in one line (`mamba3_lite.data.run_cli`)."
+    "`mamba3-lite quickstart`: the main job, with user mistakes reported in one line (`mamba3_lite.cli.run_cli`)."
 
     def body(args):
         s = quickstart(args)

@@ -6,15 +6,18 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.resources
 import json
+import math
 import os
 import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
+import torch
 import yaml
 
 from .block import triton_opted_in
@@ -22,8 +25,10 @@ from .model import ModelConfig
 
 
 # %% auto #0
-__all__ = ['ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'check_ranges', 'config_from_dict', 'config_to_dict',
-           'ConfigLoader', 'packaged_configs', 'config_path', 'load_config', 'apply_overrides', 'apply_triton_opt_in']
+__all__ = ['RESUME_META', 'MODEL_KNOBS_ON_RESUME', 'FIXED_ON_RESUME', 'OPTIMIZER_KEYS', 'ConfigError', 'DataConfig', 'LoopConfig',
+           'TrainingConfig', 'check_ranges', 'config_from_dict', 'config_to_dict', 'ConfigLoader', 'packaged_configs',
+           'config_path', 'load_config', 'apply_overrides', 'apply_triton_opt_in', 'build_model_config',
+           'check_resume_meta', 'config_changes', 'refused_changes', 'dry_run_config', 'lr_factor', 'build_scheduler']
 
 # %% ../nbs/09_config.ipynb #a2abc34a
 class ConfigError(ValueError):
@@ -240,3 +245,83 @@ def apply_triton_opt_in(model_overrides: dict, env=None, log=print) -> dict:
         log("[warn] ssd_dispatch='triton' needs ENABLE_TRITON_KERNELS=1; using ssd_dispatch='pytorch'")
         out["ssd_dispatch"] = "pytorch"
     return out
+
+# %% ../nbs/09_config.ipynb #deafc414
+def build_model_config(config: TrainingConfig, log: Callable[[str], None] = print):
+    "The `ModelConfig` of a run: preset + overrides, after the Triton opt-in rule."
+    over = apply_triton_opt_in(config.model, log=log)
+    preset = over.pop("preset", "tiny")
+    return ModelConfig.from_preset(preset, **over)
+
+
+# %% ../nbs/09_config.ipynb #63edcb47
+RESUME_META = {"scheduler": dict, "rng": dict, "data_position": list, "tokens_seen": int, "config": dict}
+MODEL_KNOBS_ON_RESUME = ("chunk_size", "ssd_dispatch", "grad_checkpoint")  # speed and memory only
+FIXED_ON_RESUME = ("data.max_seq_len", "data.shuffle", "data.dummy", "training.seed")  # the data order
+OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup_steps", "max_steps", "lr_schedule", "wsd_decay_frac", "wsd_decay_shape",
+                  "weight_decay", "betas", "eps")
+
+def check_resume_meta(meta: dict, path) -> dict:
+    "`meta`, or `ValueError` naming `path` and the key when it lacks what a resume needs or holds the wrong type."
+    for key, tp in RESUME_META.items():
+        if key not in meta: raise ValueError(f"{path}: missing {key!r}, which a resume needs (not written by `mamba3-lite train`?)")
+        if not isinstance(meta[key], tp) or isinstance(meta[key], bool):
+            raise ValueError(f"{path}: {key!r} must be a {tp.__name__}, got {type(meta[key]).__name__}")
+    if not all(isinstance(p, dict) for p in meta["data_position"]):
+        raise ValueError(f"{path}: 'data_position' must be a list of objects, one per rank")
+    return meta
+
+def config_changes(old: dict, new: dict) -> list:
+    "`[(dotted key, old, new)]` for every data/training leaf that differs, and every field of the resolved `ModelConfig`."
+    out = []
+    for sec in ("data", "training"):
+        a, b = old.get(sec) or {}, new.get(sec) or {}
+        out += [(f"{sec}.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    quiet = lambda s: None
+    ma, mb = (dataclasses.asdict(build_model_config(config_from_dict(c), log=quiet)) for c in (old, new))
+    return out + [(f"model.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
+
+def refused_changes(changes: list) -> list:
+    "The changes a resume cannot take: the model's shape and function, and what fixes the data order."
+    return [c for c in changes if c[0] in FIXED_ON_RESUME
+            or (c[0].startswith("model.") and c[0].split(".", 1)[1] not in MODEL_KNOBS_ON_RESUME)]
+
+# %% ../nbs/09_config.ipynb #9741adec
+def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
+    "The 2-step wiring-check version of `cfg`."
+    t = cfg.training
+    run_dir = Path(t.checkpoint_dir)
+    if run_dir.name != "dry_run":
+        run_dir = run_dir / "dry_run"
+    return dataclasses.replace(cfg, training=dataclasses.replace(
+        t, dry_run=True, max_steps=2, log_every=1, eval_every=2, eval_batches=1, save_every=2,
+        warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(run_dir)))
+
+# %% ../nbs/09_config.ipynb #e07a24cb
+def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float,
+              schedule: str = "cosine", wsd_decay_frac: float = 0.2, wsd_decay_shape: str = "linear") -> float:
+    "Multiplier on the peak lr after `step` optimizer steps."
+    if step < warmup_steps:
+        return 0.01 + 0.99 * step / warmup_steps
+    if schedule == "cosine":
+        progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+        return min_lr_ratio + 0.5 * (1 - min_lr_ratio) * (1 + math.cos(math.pi * progress))
+    if schedule == "wsd":
+        decay_steps = max(1, round(wsd_decay_frac * max_steps))
+        decay_start = max(warmup_steps, max_steps - decay_steps)
+        if step < decay_start:
+            return 1.0
+        p = min(1.0, (step - decay_start) / max(1, max_steps - decay_start))
+        shape = {"linear": 1 - p, "cosine": 0.5 * (1 + math.cos(math.pi * p)), "sqrt": math.sqrt(1 - p)}
+        if wsd_decay_shape not in shape:
+            raise ValueError(f"wsd_decay_shape must be one of {list(shape)}, got {wsd_decay_shape!r}")
+        return min_lr_ratio + (1 - min_lr_ratio) * shape[wsd_decay_shape]
+    raise ValueError(f"lr schedule must be 'cosine' or 'wsd', got {schedule!r}")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, t: LoopConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    "LambdaLR over `lr_factor` with the loop config's schedule."
+    fn = functools.partial(lr_factor, warmup_steps=t.warmup_steps, max_steps=t.max_steps,
+                           min_lr_ratio=t.min_lr_ratio, schedule=t.lr_schedule,
+                           wsd_decay_frac=t.wsd_decay_frac, wsd_decay_shape=t.wsd_decay_shape)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)

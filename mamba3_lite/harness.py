@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from .data import require_extra
+from .prepare import require_extra
 from .files import atomic_write
 from .model import Mamba3Transformer, sample_next
 from .ssd import SSDState
@@ -176,7 +176,7 @@ class Mamba3LM(_HarnessBase):
     @classmethod
     def from_run_dir(cls, run_dir, step: int = None, device: str = "cpu", **kwargs) -> "Mamba3LM":
         "The model of a run directory's checkpoint `step` (default: the latest valid one), window = its training max_seq_len."
-        from mamba3_lite.train import load_trained
+        from mamba3_lite.evaluate import load_trained
         model, cfg, meta = load_trained(run_dir, step, device, log=lambda _: None)
         lm = cls(model, max_length=kwargs.pop("max_length", cfg.data.max_seq_len), **kwargs)
         lm.step, lm.run_dir = meta["step"], Path(run_dir)

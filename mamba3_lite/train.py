@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 import os
@@ -18,59 +17,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from fastcore.basics import patch
-
 import numpy as np
 import torch
 import torch.distributed as dist
-
 from fastcore.basics import patch
 
 from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, restore_rng_state
-from .config import (ConfigError, LoopConfig, TrainingConfig, apply_triton_opt_in, config_from_dict,
-                                config_to_dict)
-from .data import PretrainDataset, WindowSampler, dataset_identity, verify_in_background
-from .files import RunLockedError
-from .distributed import (DistEnv, FrozenState, FullModelView, FullOptimState, fsdp_sync, full_model_state,
+from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, build_model_config,
+                                build_scheduler, check_resume_meta, config_changes, config_to_dict, dry_run_config,
+                                refused_changes)
+from .data import dataset_identity, verify_in_background
+from .distributed import (FrozenState, FullModelView, FullOptimState, fsdp_sync, full_model_state,
                                      residual_blocks, setup_distributed)
+from .evaluate import autocast_for, evaluate, make_streams
+from .files import RunLockedError
 from .logger import TrainingLogger, peak_flops_for
-from .model import Mamba3Transformer, ModelConfig
+from .model import Mamba3Transformer
 
 # %% auto #0
-__all__ = ['RESUME_META', 'MODEL_KNOBS_ON_RESUME', 'FIXED_ON_RESUME', 'OPTIMIZER_KEYS', 'MAX_ROLLBACKS_PER_CHECKPOINT',
-           'lr_factor', 'build_scheduler', 'StepResult', 'train_step', 'build_optimizer', 'build_model_config',
-           'TrainStream', 'make_streams', 'evaluate', 'check_resume_meta', 'config_changes', 'refused_changes',
-           'seed_everything', 'keep_freed_memory_in_heap', 'Pretrainer', 'dry_run_config', 'run_training',
-           'load_trained', 'evaluate_bits_per_byte']
-
-# %% ../nbs/11_train.ipynb #e07a24cb
-def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float,
-              schedule: str = "cosine", wsd_decay_frac: float = 0.2, wsd_decay_shape: str = "linear") -> float:
-    "Multiplier on the peak lr after `step` optimizer steps."
-    if step < warmup_steps:
-        return 0.01 + 0.99 * step / warmup_steps
-    if schedule == "cosine":
-        progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-        return min_lr_ratio + 0.5 * (1 - min_lr_ratio) * (1 + math.cos(math.pi * progress))
-    if schedule == "wsd":
-        decay_steps = max(1, round(wsd_decay_frac * max_steps))
-        decay_start = max(warmup_steps, max_steps - decay_steps)
-        if step < decay_start:
-            return 1.0
-        p = min(1.0, (step - decay_start) / max(1, max_steps - decay_start))
-        shape = {"linear": 1 - p, "cosine": 0.5 * (1 + math.cos(math.pi * p)), "sqrt": math.sqrt(1 - p)}
-        if wsd_decay_shape not in shape:
-            raise ValueError(f"wsd_decay_shape must be one of {list(shape)}, got {wsd_decay_shape!r}")
-        return min_lr_ratio + (1 - min_lr_ratio) * shape[wsd_decay_shape]
-    raise ValueError(f"lr schedule must be 'cosine' or 'wsd', got {schedule!r}")
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, t: LoopConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    "LambdaLR over `lr_factor` with the loop config's schedule."
-    fn = functools.partial(lr_factor, warmup_steps=t.warmup_steps, max_steps=t.max_steps,
-                           min_lr_ratio=t.min_lr_ratio, schedule=t.lr_schedule,
-                           wsd_decay_frac=t.wsd_decay_frac, wsd_decay_shape=t.wsd_decay_shape)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'build_optimizer', 'seed_everything',
+           'keep_freed_memory_in_heap', 'Pretrainer', 'run_training']
 
 # %% ../nbs/11_train.ipynb #324a5078
 @dataclass
@@ -80,12 +46,6 @@ class StepResult:
     grad_norm: float  # gradient norm before clipping
     lr: float  # learning rate this step used
     skipped: bool  # True when the NaN guard threw the step away
-
-
-def _autocast(device: torch.device, dtype):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -105,7 +65,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
     loss_sum = torch.zeros((), device=device)
     for i, (x, y) in enumerate(micro_batches):
         with (sync(i == n - 1) if sync is not None else contextlib.nullcontext()):
-            with _autocast(device, autocast_dtype):
+            with autocast_for(device, autocast_dtype):
                 loss = model(x, targets=y).loss.float() / n
             loss.backward()
         loss_sum += loss.detach()
@@ -138,130 +98,6 @@ def build_optimizer(model: torch.nn.Module, t: LoopConfig) -> torch.optim.AdamW:
             seen.add(id(p))
     on_cuda = any(p.is_cuda for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, **({"fused": True} if on_cuda else {}))
-
-# %% ../nbs/11_train.ipynb #d0530135
-def build_model_config(config: TrainingConfig, log: Callable[[str], None] = print):
-    "The `ModelConfig` of a run: preset + overrides, after the Triton opt-in rule."
-
-    over = apply_triton_opt_in(config.model, log=log)
-    preset = over.pop("preset", "tiny")
-    return ModelConfig.from_preset(preset, **over)
-
-
-class TrainStream:
-    "This rank's training batches: windows in `WindowSampler` order, moved to `device`; resumable."
-    def __init__(self, dataset, sampler, device: torch.device):
-        self.dataset, self.sampler, self.device = dataset, sampler, device
-        self._it = iter(sampler)
-
-    def next_batch(self):
-        "The next (inputs, targets), each (b, T) long on the device."
-        x, y = self.dataset.get_batch(next(self._it))
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-
-    def state_dict(self) -> dict: return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict):
-        self.sampler.load_state_dict(state)
-        self._it = iter(self.sampler)
-
-
-# %% ../nbs/11_train.ipynb #ee06eb50
-def _use_dummy(config: TrainingConfig, log) -> bool:
-    d = config.data
-    if d.dummy:
-        log(f"[data] data.dummy is set: training on SEEDED RANDOM TOKENS, not on {d.data_path}")
-        return True
-    if not Path(d.data_path).exists():
-        if config.training.dry_run:
-            log(f"[data] dry run: {d.data_path} not found, using the dummy layout (SEEDED RANDOM TOKENS)")
-            return True
-        raise FileNotFoundError(f"training data not found: {d.data_path} (prepare it with `mamba3-lite prepare`, "
-                                "or use --dry-run for a wiring check on dummy data)")
-    return False
-
-
-def make_streams(config: TrainingConfig, env: DistEnv, vocab_size: int, log=print):
-    "(train stream, callable yielding this rank's fixed validation batches) for a run."
-
-    d, t = config.data, config.training
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the dummy layout's warning is replaced by our own line
-        if _use_dummy(config, log):
-            train = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed)
-            val = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed + 1, dummy_windows=256)
-        else:
-            train = PretrainDataset(d.data_path, d.max_seq_len, vocab_size, split="train")
-            val = PretrainDataset(d.data_path, d.max_seq_len, vocab_size, split="val")
-    sampler = WindowSampler(len(train), t.micro_batch_size, shuffle=d.shuffle, seed=t.seed,
-                            rank=env.rank, world_size=env.world_size)
-    b, w = t.micro_batch_size, env.world_size
-    n_batches = min(t.eval_batches, len(val) // (b * w))
-    if n_batches == 0:
-        raise ValueError(f"the validation split has {len(val)} windows of {d.max_seq_len} tokens: too few for one "
-                         f"batch of {b} per rank on {w} rank(s); prepare more validation tokens or lower micro_batch_size")
-    mine = list(range(env.rank, n_batches * b * w, w))  # rank-disjoint windows, the same at every evaluation
-
-    def val_batches():
-        for i in range(n_batches):
-            x, y = val.get_batch(mine[i * b:(i + 1) * b])
-            yield x.to(env.device), y.to(env.device)
-    val_batches.dataset = val  # for the trainer's shard check
-    return TrainStream(train, sampler, env.device), val_batches
-
-# %% ../nbs/11_train.ipynb #87f5df34
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, batches, autocast_dtype=None) -> dict:
-    "Token-mean loss and perplexity of `model` over `batches` of (inputs, targets)."
-    was_training = model.training
-    model.eval()
-    total, count, device = None, 0, None
-    for x, y in batches:
-        device = x.device
-        with _autocast(x.device, autocast_dtype):
-            loss = model(x, targets=y).loss.float()
-        total = loss * y.numel() if total is None else total + loss * y.numel()
-        count += y.numel()
-    if count == 0:
-        raise ValueError("evaluate needs at least one validation batch")
-    stats = torch.stack([total, torch.tensor(float(count), device=device)])
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(stats)
-    model.train(was_training)
-    loss = (stats[0] / stats[1]).item()
-    return {"loss": loss, "ppl": math.exp(min(loss, 80.0)), "tokens": int(stats[1].item())}
-
-# %% ../nbs/11_train.ipynb #63edcb47
-RESUME_META = {"scheduler": dict, "rng": dict, "data_position": list, "tokens_seen": int, "config": dict}
-MODEL_KNOBS_ON_RESUME = ("chunk_size", "ssd_dispatch", "grad_checkpoint")  # speed and memory only
-FIXED_ON_RESUME = ("data.max_seq_len", "data.shuffle", "data.dummy", "training.seed")  # the data order
-OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup_steps", "max_steps", "lr_schedule", "wsd_decay_frac", "wsd_decay_shape",
-                  "weight_decay", "betas", "eps")
-
-def check_resume_meta(meta: dict, path) -> dict:
-    "`meta`, or `ValueError` naming `path` and the key when it lacks what a resume needs or holds the wrong type."
-    for key, tp in RESUME_META.items():
-        if key not in meta: raise ValueError(f"{path}: missing {key!r}, which a resume needs (not written by `mamba3-lite train`?)")
-        if not isinstance(meta[key], tp) or isinstance(meta[key], bool):
-            raise ValueError(f"{path}: {key!r} must be a {tp.__name__}, got {type(meta[key]).__name__}")
-    if not all(isinstance(p, dict) for p in meta["data_position"]):
-        raise ValueError(f"{path}: 'data_position' must be a list of objects, one per rank")
-    return meta
-
-def config_changes(old: dict, new: dict) -> list:
-    "`[(dotted key, old, new)]` for every data/training leaf that differs, and every field of the resolved `ModelConfig`."
-    out = []
-    for sec in ("data", "training"):
-        a, b = old.get(sec) or {}, new.get(sec) or {}
-        out += [(f"{sec}.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    quiet = lambda s: None
-    ma, mb = (dataclasses.asdict(build_model_config(config_from_dict(c), log=quiet)) for c in (old, new))
-    return out + [(f"model.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
-
-def refused_changes(changes: list) -> list:
-    "The changes a resume cannot take: the model's shape and function, and what fixes the data order."
-    return [c for c in changes if c[0] in FIXED_ON_RESUME
-            or (c[0].startswith("model.") and c[0].split(".", 1)[1] not in MODEL_KNOBS_ON_RESUME)]
 
 # %% ../nbs/11_train.ipynb #d1ca34cc
 def seed_everything(seed: int):
@@ -369,6 +205,7 @@ def save_checkpoint(self: Pretrainer, tag: str = ""):
     if self.env.world_size > 1:
         dist.barrier()
 
+# %% ../nbs/11_train.ipynb #5953e5d3
 @patch
 def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     """Restore weights, optimizer, schedule, data position and RNG of checkpoint `step`; return the step.
@@ -473,6 +310,7 @@ def train(self: Pretrainer) -> dict:
     finally:
         self.ckpt.lock.release()
 
+# %% ../nbs/11_train.ipynb #75c7e482
 @patch
 def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
     t = self.config.training
@@ -530,6 +368,7 @@ def _valid_before(self: Pretrainer, step: int):
     "The newest complete, verified step below `step`, or None."
     return next((s for s in reversed(self.ckpt.list_steps()) if s < step and not self.ckpt.problems(s)), None)
 
+# %% ../nbs/11_train.ipynb #73dd147b
 @patch
 def _resume(self: Pretrainer, step: int) -> int:
     """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
@@ -578,17 +417,6 @@ def _apply_changes(self: Pretrainer, changes: list):
     s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
 # %% ../nbs/11_train.ipynb #71e16f11
-def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
-    "The 2-step wiring-check version of `cfg`."
-    t = cfg.training
-    run_dir = Path(t.checkpoint_dir)
-    if run_dir.name != "dry_run":
-        run_dir = run_dir / "dry_run"
-    return dataclasses.replace(cfg, training=dataclasses.replace(
-        t, dry_run=True, max_steps=2, log_every=1, eval_every=2, eval_batches=1, save_every=2,
-        warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(run_dir)))
-
-
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
                  reset_optimizer: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
@@ -601,43 +429,6 @@ def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Ca
     finally:
         if trainer.env.owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-# %% ../nbs/11_train.ipynb #27fa76f2
-def load_trained(checkpoint_dir, step: Optional[int] = None, device: str = "cpu", log=print):
-    "(model in eval mode, its TrainingConfig, the checkpoint meta) from a run directory."
-
-    d = Path(checkpoint_dir)
-    if not d.is_dir():
-        raise FileNotFoundError(f"checkpoint directory not found: {d}")
-    mgr = CheckpointManager(d)
-    if step is None:
-        step = mgr.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"no valid checkpoint in {d} (steps on disk: {mgr.list_steps()})")
-    meta = mgr.read_meta(step) if mgr.paths(step)["meta"].exists() else None
-    if meta is None:
-        raise FileNotFoundError(f"no checkpoint for step {step} in {d} (steps on disk: {mgr.list_steps()})")
-    if "config" not in meta:
-        raise ValueError(f"{mgr.paths(step)['meta']}: has no training config; it was not written by mamba3_lite.train")
-    cfg = config_from_dict(meta["config"])
-    model = Mamba3Transformer(build_model_config(cfg, log=log)).to(device)
-    mgr.load(model, step, device=device)
-    return model.eval(), cfg, meta
-
-
-@torch.no_grad()
-def evaluate_bits_per_byte(model, batches, decode_bytes: Callable[[list], bytes]) -> dict:
-    "Token-mean loss, perplexity and bits per byte (bytes of the decoded target tokens) over `batches`."
-    nll, n_tok, n_bytes = 0.0, 0, 0
-    for x, y in batches:
-        nll += model(x, targets=y).loss.double().item() * y.numel()
-        n_tok += y.numel()
-        n_bytes += sum(len(decode_bytes(row)) for row in y.tolist())
-    if n_tok == 0:
-        raise ValueError("no evaluation batches")
-    loss = nll / n_tok
-    return {"loss": loss, "ppl": math.exp(min(loss, 80.0)), "bits_per_byte": nll / (math.log(2) * n_bytes),
-            "tokens": n_tok, "bytes": n_bytes}
 
 # %% ../nbs/11_train.ipynb #c2ede8d0
 def _in_ipython() -> bool:

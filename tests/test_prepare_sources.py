@@ -21,7 +21,8 @@ import datasets  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from mamba3_lite.data import MissingExtraError, Shard, iter_parquet_documents, prepare_corpus  # noqa: E402
+from mamba3_lite.data import Shard  # noqa: E402
+from mamba3_lite.prepare import MissingExtraError, iter_parquet_documents, prepare_corpus  # noqa: E402
 from mamba3_lite.tokenizer import TokenizerUnavailableError, gpt2_encoding  # noqa: E402
 
 
@@ -162,7 +163,7 @@ def test_interrupted_parquet_prepare_continues(reference, tmp_path):
     d = write_parquet_set(tmp_path / "pq", texts)
     out = tmp_path / "out"
     code = (f"import os, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-            "import mamba3_lite.data as D\n"
+            "import mamba3_lite.prepare as D\n"
             "orig = D._SplitWriter._emit\n"
             "def emit(self, tokens):\n"
             "    orig(self, tokens)\n"

@@ -27,6 +27,7 @@ from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
 from mamba3_lite import train as T
 from mamba3_lite.checkpoint import CheckpointManager, CheckpointWarning
+from mamba3_lite.evaluate import load_trained
 from mamba3_lite.logger import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +102,7 @@ def test_second_trainer_on_a_run_dir_exits_2_and_a_killed_holder_leaves_no_stale
         rc, _, err = cli(CLI.train_cli, ["--config", str(cfg_file)])          # a second trainer, same run directory
         assert rc == 2 and one_line(err), err
         assert str(run) in err and f"pid {first.pid}" in err and socket.gethostname() in err, err
-        model, _, meta = T.load_trained(run, log=QUIET)  # read-only access (eval while training) still works
+        model, _, meta = load_trained(run, log=QUIET)  # read-only access (eval while training) still works
         assert meta["step"] >= 2 and first.poll() is None
     finally:
         os.killpg(first.pid, signal.SIGKILL)
@@ -118,7 +119,7 @@ def test_resume_applies_a_new_lr_and_refuses_a_new_shape(tmp_path):
     new = tiny_cfg(run, max_steps=6, lr=1e-5, weight_decay=0.5)
     T.run_training(new, log=msgs.append)
     rec = {r["step"]: r for r in train_records(run)}
-    want = 1e-5 * T.lr_factor(4, warmup_steps=2, max_steps=6, min_lr_ratio=new.training.min_lr_ratio)
+    want = 1e-5 * Cfg.lr_factor(4, warmup_steps=2, max_steps=6, min_lr_ratio=new.training.min_lr_ratio)
     assert abs(rec[5]["lr"] - want) < 1e-12, (rec[5]["lr"], want)
     assert sum("training.lr: 0.003 -> 1e-05" in m for m in msgs) == 1, msgs
     assert any("training.weight_decay: 0.1 -> 0.5" in m for m in msgs), msgs
