@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from .prepare import require_extra
@@ -173,15 +174,6 @@ class Mamba3LM(_HarnessBase):
         self._max_length, self.batch_size, self.max_gen_toks, self.progress = max_length, batch_size, max_gen_toks, progress
         self._device, self.step, self.run_dir = next(model.parameters()).device, None, None
 
-    @classmethod
-    def from_run_dir(cls, run_dir, step: int = None, device: str = "cpu", **kwargs) -> "Mamba3LM":
-        "The model of a run directory's checkpoint `step` (default: the latest valid one), window = its training max_seq_len."
-        from mamba3_lite.evaluate import load_trained
-        model, cfg, meta = load_trained(run_dir, step, device, log=lambda _: None)
-        lm = cls(model, max_length=kwargs.pop("max_length", cfg.data.max_seq_len), **kwargs)
-        lm.step, lm.run_dir = meta["step"], Path(run_dir)
-        return lm
-
     eot_token_id = property(lambda self: self.enc.eot_token)
     max_length = property(lambda self: self._max_length)
     tokenizer_name = property(lambda self: "gpt2")
@@ -219,6 +211,16 @@ class Mamba3LM(_HarnessBase):
                 out[i] = cut_at_stop(self.tok_decode(ids), until)
                 self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
         return out
+
+# %% ../nbs/15_harness.ipynb #0b4aebe7
+@patch(cls_method=True)
+def from_run_dir(cls: Mamba3LM, run_dir, step: int = None, device: str = "cpu", **kwargs) -> "Mamba3LM":
+    "The model of a run directory's checkpoint `step` (default: the latest valid one), window = its training max_seq_len."
+    from mamba3_lite.evaluate import load_trained
+    model, cfg, meta = load_trained(run_dir, step, device, log=lambda _: None)
+    lm = cls(model, max_length=kwargs.pop("max_length", cfg.data.max_seq_len), **kwargs)
+    lm.step, lm.run_dir = meta["step"], Path(run_dir)
+    return lm
 
 # %% ../nbs/15_harness.ipynb #815089f8
 def task_manager(tasks: list, include_path=None, include_defaults: bool = None):
