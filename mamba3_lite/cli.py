@@ -116,7 +116,7 @@ def prepare_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
-# %% ../nbs/12_cli.ipynb #168a6750
+# %% ../nbs/12_cli.ipynb #1ec08bb8
 def prepare_cli(argv=None) -> int:
     "`mamba3-lite prepare ...`; returns the exit code."
     from mamba3_lite.prepare import prepare_corpus
@@ -267,7 +267,7 @@ def _limit(s: str) -> float:
         raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
     return int(v) if v >= 1 and v == int(v) else v
 
-# %% ../nbs/12_cli.ipynb #643af625
+
 def eval_cli(argv=None) -> int:
     "`mamba3-lite eval ...`; returns the exit code."
     from mamba3_lite.data import PretrainDataset
@@ -289,7 +289,7 @@ def eval_cli(argv=None) -> int:
         return 0
     return run_cli(eval_parser(), argv, body)
 
-
+# %% ../nbs/12_cli.ipynb #16873548
 def eval_tasks(a) -> int:
     "`eval --tasks`: lm-eval-harness on a run's checkpoint; prints the table, writes the results JSON."
     from mamba3_lite.harness import Mamba3LM, results_path, results_table, run_tasks, write_results
