@@ -27,22 +27,26 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mamba3_lite import ssd_triton as kern  # noqa: E402
 
-HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "db_ptr", "dc_ptr")
+KERNELS = {"fwd": "_ssd_fwd_kernel", "bwd_state": "_ssd_bwd_state_kernel", "bwd_chunk": "_ssd_bwd_chunk_kernel",
+           "bwd_angle": "_ssd_bwd_angle_kernel"}
+HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr")
 INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG")
 
 
-def signature(fn, dtype, constexprs):
-    "Triton signature: x/B/C/y (and their gradients) in `dtype`, the rest fp32 pointers, int32 sizes."
+def signature(fn, dtype, constexprs, half_grads):
+    "Triton signature: x/B/C/y/dy/dx in `dtype` (and dB/dC when `half_grads`), the rest fp32 pointers, int32 sizes."
+    half = HALF_PTRS + (("db_ptr", "dc_ptr") if half_grads else ())
     return {name: "constexpr" if name in constexprs else "i32" if name in INTS
-            else f"*{dtype}" if name in HALF_PTRS else "*fp32" for name in fn.arg_names}
+            else f"*{dtype}" if name in half else "*fp32" for name in fn.arg_names}
 
 
 def ptxas_report(ptx, arch):
-    "Registers, spill bytes and stack of the PTX, from the ptxas that ships with Triton."
+    "Registers, spill bytes and stack of the PTX, from the ptxas that ships with Triton, run with Triton's own flags."
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
-    out = subprocess.run([str(ptxas), "-v", f"--gpu-name=sm_{arch}a", f.name, "-o", os.devnull],
+    out = subprocess.run([str(ptxas), "-lineinfo", "-v", "--regAllocOptLevel=2",
+                          f"--gpu-name=sm_{arch}{'a' if arch >= 90 else ''}", f.name, "-o", os.devnull],
                          capture_output=True, text=True)
     os.unlink(f.name)
     text = out.stderr
@@ -51,56 +55,69 @@ def ptxas_report(ptx, arch):
                 spill_load_bytes=num(r"(\d+) bytes spill loads"), stack_bytes=num(r"(\d+) bytes stack frame"))
 
 
-def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True):
+def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None):
+    "Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row."
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
-    common = dict(L=L, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, DOT_DTYPE=dot,
-                  PREC="ieee")
-    fn, consts = ((kern._ssd_fwd_kernel, dict(common, HAS_H0=True, STORE=True)) if kind == "fwd"
-                  else (kern._ssd_bwd_kernel, common))
+    fn = getattr(kern, KERNELS[kind])
+    every = dict(L=L, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True,
+                 STORE=True, DOT_DTYPE=dot, PREC="ieee")
+    consts = {k: v for k, v in every.items() if k in fn.arg_names}
+    options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     t0 = time.perf_counter()
-    ck = triton.compile(ASTSource(fn=fn, signature=signature(fn, dtype, consts), constexprs=consts),
-                        target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
-    return dict(kernel=kind, dtype=dtype, L=L, P=P, N=N, num_warps=warps, num_stages=stages, arch=arch, bias=bias,
-                shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
+    ck = triton.compile(ASTSource(fn=fn, signature=signature(fn, dtype, consts, kind == "bwd_angle" and not bias),
+                                  constexprs=consts), target=GPUTarget("cuda", arch, 32), options=options)
+    return dict(kernel=kind, arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, num_warps=warps, num_stages=stages,
+                maxnreg=maxnreg, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
                 **ptxas_report(ck.asm["ptx"], arch))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability (90: H100/H200)")
+    p.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities (80: A100, 90: H100/H200)")
+    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     p.add_argument("--chunk", type=int, nargs="+", default=[64])
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--stages", type=int, default=1)
+    p.add_argument("--stages", type=int, nargs="+", default=[1])
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"])
     p.add_argument("--P", type=int, default=64)
     p.add_argument("--N", type=int, default=128)
     p.add_argument("--bias", default="both", choices=["on", "off", "both"],
                    help="compile the shared-B/C + bias variant (HAS_BIAS), the per-head one, or both")
+    p.add_argument("--default-config", action="store_true",
+                   help="compile each kernel at its default launch config for the arch (ignores --warps/--stages)")
+    p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")
     p.add_argument("--out", default=None, help="directory for ssd_compile_check.json (default: $OUT if set)")
     a = p.parse_args(argv)
     rows, failed = [], False
-    print(f"triton {triton.__version__}, sm_{a.arch}a, P={a.P} N={a.N}, num_stages={a.stages}")
-    print(f"{'kernel':6} {'dtype':5} {'bias':4} {'L':>4} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'smem KiB':>8} "
-          f"{'compile s':>9}")
+    print(f"triton {triton.__version__}, P={a.P} N={a.N}")
+    print(f"{'kernel':9} {'arch':>4} {'dtype':5} {'bias':4} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
+          f"{'spill st/ld B':>14} {'smem KiB':>8} {'compile s':>9}")
     biases = {"on": (True,), "off": (False,), "both": (False, True)}[a.bias]
-    for dtype in a.dtype:
-        for bias in biases:
-            for L in a.chunk:
-                for warps in a.warps:
-                    for kind in ("fwd", "bwd"):
-                        head = f"{kind:6} {dtype:5} {'yes' if bias else 'no':4} {L:4} {warps:5}"
-                        try:
-                            r = compile_kernel(kind, dtype, L, a.P, a.N, warps, a.stages, a.arch, bias)
-                        except Exception as e:  # a compile error is the finding: report it and fail at the end
-                            failed = True
-                            r = dict(kernel=kind, dtype=dtype, L=L, num_warps=warps, bias=bias,
-                                     error=f"{type(e).__name__}: {e}"[:2000])
-                            print(f"{head} COMPILE ERROR {r['error'][:300]}")
+    for arch in a.arch:
+        for dtype in a.dtype:
+            for bias in biases:
+                for L in a.chunk:
+                    for kind in a.kernels:
+                        configs = ([kern.default_config(kind, arch)] if a.default_config else
+                                   [dict(num_warps=w, num_stages=s) for w in a.warps for s in a.stages])
+                        for cfg in configs:
+                            warps, stages = cfg["num_warps"], cfg["num_stages"]
+                            head = f"{kind:9} {arch:4} {dtype:5} {'yes' if bias else 'no':4} {L:4} {warps:5} {stages:6}"
+                            try:
+                                r = compile_kernel(kind, dtype, L, a.P, a.N, warps, stages, arch, bias,
+                                                   cfg.get("maxnreg"))
+                            except Exception as e:  # a compile error is the finding: report it and fail at the end
+                                failed = True
+                                r = dict(kernel=kind, arch=arch, dtype=dtype, L=L, num_warps=warps,
+                                         num_stages=stages, bias=bias, error=f"{type(e).__name__}: {e}"[:2000])
+                                print(f"{head} COMPILE ERROR {r['error'][:300]}")
+                                rows.append(r)
+                                continue
                             rows.append(r)
-                            continue
-                        rows.append(r)
-                        print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
-                              f"{r['shared_bytes'] / 1024:8.0f} {r['compile_s']:9.1f}")
+                            spills = r["spill_store_bytes"] + r["spill_load_bytes"]
+                            failed |= a.fail_on_spill and spills > 0
+                            print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
+                                  f"{r['shared_bytes'] / 1024:8.0f} {r['compile_s']:9.1f}", flush=True)
     out = a.out or os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -56,41 +56,45 @@ def _mm(a, b, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), input_precision=PREC)
 
 @triton.jit
-def _chunk_tiles(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, bcrow, orow, ih,
-                 mt, p, j, phi_in, S, N: tl.constexpr, P: tl.constexpr, HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Load one chunk of head `ih` (rows `row`, valid where `mt`) in fp32: B, C from their group rows `bcrow` plus the
-    head's bias; build the angles Φ of the (L, N/2) pair tiles from the angle rates ω (rows `orow`) and Δ; return
-    B̃, C̃ (even and odd halves) with cos Φ, sin Φ."""
-    mj = j < N // 2
-    adt = tl.load(adt_ptr + row, mask=mt, other=0.)                                   # (L,)
-    sig = tl.load(sig_ptr + row, mask=mt, other=0.)
-    gam = tl.load(gam_ptr + row, mask=mt, other=0.)
-    x = tl.load(x_ptr + row[:, None] * P + p[None, :], mask=mt[:, None], other=0.).to(tl.float32)  # (L, P)
-    m2 = mt[:, None] & mj[None, :]
-    ev = bcrow[:, None] * N + 2 * j[None, :]                                         # even state dims
-    be = tl.load(b_ptr + ev, mask=m2, other=0.).to(tl.float32)                       # (L, N/2)
-    bo = tl.load(b_ptr + ev + 1, mask=m2, other=0.).to(tl.float32)
-    ce = tl.load(c_ptr + ev, mask=m2, other=0.).to(tl.float32)
-    co = tl.load(c_ptr + ev + 1, mask=m2, other=0.).to(tl.float32)
-    if HAS_BIAS:                                                                     # per-head bias, pads stay 0
-        be = tl.where(m2, be + tl.load(bb_ptr + ih * N + 2 * j, mask=mj, other=0.)[None, :], 0.)
-        bo = tl.where(m2, bo + tl.load(bb_ptr + ih * N + 2 * j + 1, mask=mj, other=0.)[None, :], 0.)
-        ce = tl.where(m2, ce + tl.load(cb_ptr + ih * N + 2 * j, mask=mj, other=0.)[None, :], 0.)
-        co = tl.where(m2, co + tl.load(cb_ptr + ih * N + 2 * j + 1, mask=mj, other=0.)[None, :], 0.)
-    if HAS_THETA:
-        om = tl.load(om_ptr + orow[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
-        dt = tl.load(dt_ptr + row, mask=mt, other=0.)
-        dl = dt[:, None] * om                                                        # δ = Δ·π·tanh(θ), (L, N/2)
-        phi = _wrap(phi_in[None, :] + tl.cumsum(dl, axis=0))                        # 0 for j >= S
-    else:
-        om = tl.zeros_like(be)
-        dt = tl.zeros_like(adt)
-        dl = tl.zeros_like(be)
-        phi = tl.zeros_like(be)
-    cs, sn = tl.cos(phi), tl.sin(phi)
-    bte = be * cs - bo * sn; bto = be * sn + bo * cs                                 # rotated keys B̃
-    cte = ce * cs - co * sn; cto = ce * sn + co * cs                                 # rotated queries C̃
-    return adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn
+def _load_pairs(ptr, lrow, mt, N: tl.constexpr, NH: tl.constexpr):
+    "Even and odd columns of the (L, N) rows `lrow` (valid where `mt`) of `ptr`, as (L, NH) fp32 tiles (zero padded)."
+    j = tl.arange(0, NH)
+    m2 = mt[:, None] & (j < N // 2)[None, :]
+    e = tl.load(ptr + lrow[:, None] * N + 2 * j[None, :], mask=m2, other=0.).to(tl.float32)
+    o = tl.load(ptr + lrow[:, None] * N + 2 * j[None, :] + 1, mask=m2, other=0.).to(tl.float32)
+    return e, o
+
+@triton.jit
+def _store_pairs(ptr, lrow, mt, e, o, N: tl.constexpr, NH: tl.constexpr):
+    "Store (L, NH) even/odd tiles as the (L, N) rows `lrow` of `ptr` (cast to its dtype): the inverse of `_load_pairs`."
+    j = tl.arange(0, NH)
+    m2 = mt[:, None] & (j < N // 2)[None, :]
+    tl.store(ptr + lrow[:, None] * N + 2 * j[None, :], e.to(ptr.dtype.element_ty), mask=m2)
+    tl.store(ptr + lrow[:, None] * N + 2 * j[None, :] + 1, o.to(ptr.dtype.element_ty), mask=m2)
+
+@triton.jit
+def _load_bc(ptr, bias_ptr, lrow, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    "`_load_pairs` of B or C plus head `ih`'s bias (padding rows stay 0)."
+    e, o = _load_pairs(ptr, lrow, mt, N, NH)
+    if HAS_BIAS:
+        z = tl.zeros((1,), tl.int32)
+        be, bo = _load_pairs(bias_ptr + ih * N, z, z == 0, N, NH)                     # (1, NH)
+        e = tl.where(mt[:, None], e + be, 0.)
+        o = tl.where(mt[:, None], o + bo, 0.)
+    return e, o
+
+@triton.jit
+def _chunk_angles(om_ptr, dt_ptr, row, orow, mt, j, phi_in, S):
+    """Angles Φ of one chunk's (L, N/2) pair tiles: the fp32 carry `phi_in` plus the in-chunk cumsum of δ = Δ·ω
+    (ω from the rows `orow` of `om_ptr`, Δ from `row`), wrapped; 0 for pairs j >= S. Also Δ (L,) and ω (L, N/2)."""
+    om = tl.load(om_ptr + orow[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
+    dt = tl.load(dt_ptr + row, mask=mt, other=0.)
+    return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0)), dt, om
+
+@triton.jit
+def _rotate(e, o, cs, sn):
+    "Rotate each (even, odd) pair by its angle: (e cos Φ - o sin Φ, e sin Φ + o cos Φ)."
+    return e * cs - o * sn, e * sn + o * cs
 
 # %% ../nbs/01_ssd_triton.ipynb #98849d55
 @triton.jit
@@ -98,17 +102,14 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
                     phi0_ptr, y_ptr, ht_ptr, phit_ptr, hs_ptr, phis_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
                     L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, NH: tl.constexpr,
                     HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, HAS_H0: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    STORE: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                    STORE: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     "Forward SSD of one (batch, head) over all chunks; grid (H, b). Tensors contiguous, (b, T, H, ...) layout."
     ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
     bh = ib * H + ih
     t = tl.arange(0, L); p = tl.arange(0, P); j = tl.arange(0, NH)
-    st = p[:, None] * N + 2 * j[None, :]                       # even columns of a (P, N) state
-    mst = (p[:, None] >= 0) & (j < N // 2)[None, :]
+    every = p >= 0
     if HAS_H0:
-        he = tl.load(h0_ptr + bh * P * N + st, mask=mst, other=0.)
-        ho = tl.load(h0_ptr + bh * P * N + st + 1, mask=mst, other=0.)
+        he, ho = _load_pairs(h0_ptr + bh * P * N, p, every, N, NH)   # H as even/odd state dims, (P, NH) each
     else:
         he = tl.zeros((P, NH), tl.float32)
         ho = tl.zeros((P, NH), tl.float32)
@@ -120,151 +121,203 @@ def _ssd_fwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_p
         dskip = tl.load(d_ptr + ih).to(tl.float32)
     causal = t[:, None] > t[None, :]
     for c in range(NC):
-        tt = c * L + t
-        mt = tt < T
-        row = (ib * T + tt) * H + ih
-        orow = (ib * T + tt) * OM_H + ih * om_hs                  # ω rows: shared by the heads or per head
-        bcrow = (ib * T + tt) * G + ih // HG                      # B/C rows: head ih reads group ih // (H/G)
-        adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn = _chunk_tiles(
-            x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, bcrow, orow, ih,
-            mt, p, j, _carry_f32(phi_c), S, N, P, HAS_THETA, HAS_BIAS)
+        t0 = ib * T + c * L                                       # first token of the chunk
+        mt = c * L + t < T
+        row = (t0 + t) * H + ih                                   # rows of (b, T, H) tensors
+        xrow = t * H + ih                                         # rows of (b, T, H, P) from the chunk's first
+        bcrow = t * G + ih // HG                                  # B/C rows: head ih reads group ih // (H/G)
         if STORE:
-            tl.store(hs_ptr + (bh * NC + c) * P * N + st, he, mask=mst)
-            tl.store(hs_ptr + (bh * NC + c) * P * N + st + 1, ho, mask=mst)
-            if HAS_THETA:                                         # the fp32 carry this chunk's tiles used
-                tl.store(phis_ptr + (bh * NC + c) * S + j, _carry_f32(phi_c), mask=j < S)
+            _store_pairs(hs_ptr + (bh * NC + c) * P * N, p, every, he, ho, N, NH)
+        be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr, bcrow, ih, mt, N, NH, HAS_BIAS)   # (L, NH) each
+        ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr, bcrow, ih, mt, N, NH, HAS_BIAS)
+        gam = tl.load(gam_ptr + row, mask=mt, other=0.)
+        diag = gam * tl.sum(ce * be + co * bo, axis=1) + dskip   # γ (C·B) + D; rotating both leaves C·B as is
         if HAS_THETA:
-            phi_c = _wrap_carry(phi_c + tl.sum(dl.to(tl.float64), axis=0))
-        diag = gam * tl.sum(cte * bte + cto * bto, axis=1) + dskip   # γ (C̃·B̃) + D, = γ (C·B) + D
+            phi_in = _carry_f32(phi_c)
+            if STORE:                                             # the fp32 carry this chunk's angles start from
+                tl.store(phis_ptr + (bh * NC + c) * S + j, phi_in, mask=j < S)
+            phi, dt, om = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j, phi_in, S)
+            phi_c = _wrap_carry(phi_c + tl.sum((dt[:, None] * om).to(tl.float64), axis=0))
+            cs, sn = tl.cos(phi), tl.sin(phi)
+            be, bo = _rotate(be, bo, cs, sn)                      # keys B̃
+            ce, co = _rotate(ce, co, cs, sn)                      # queries C̃
+        be = be.to(DOT_DTYPE); bo = bo.to(DOT_DTYPE); ce = ce.to(DOT_DTYPE); co = co.to(DOT_DTYPE)
+        adt = tl.load(adt_ptr + row, mask=mt, other=0.)
+        sig = tl.load(sig_ptr + row, mask=mt, other=0.)
         a = tl.cumsum(adt, axis=0)                                # chunk-local log-decay, <= 0
         a_last = tl.sum(adt, axis=0)
-        g = (_mm(cte, tl.trans(bte * sig[:, None]), DOT_DTYPE, PREC)
-             + _mm(cto, tl.trans(bto * sig[:, None]), DOT_DTYPE, PREC))                  # (L, L)
         a2 = a * 1.4426950408889634                              # log2 units: exp2 on the (L, L) tile
-        w = tl.where(causal, tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)
-        y = _mm(g * w, x, DOT_DTYPE, PREC) + diag[:, None] * x
-        y += tl.exp(a)[:, None] * (_mm(cte, tl.trans(he), DOT_DTYPE, PREC) + _mm(cto, tl.trans(ho), DOT_DTYPE, PREC))
-        tl.store(y_ptr + row[:, None] * P + p[None, :], y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
-        wk = sig * tl.exp(a_last - a)                             # key weight into the chunk-end state
+        w = tl.where(causal, tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.) * sig[None, :]
+        g = tl.dot(ce, tl.trans(be), input_precision=PREC) + tl.dot(co, tl.trans(bo), input_precision=PREC)
+        xo = t0 * H * P + xrow[:, None] * P + p[None, :]
+        x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)       # (L, P), input dtype
+        y = _mm(g * w, x, DOT_DTYPE, PREC) + diag[:, None] * x.to(tl.float32)
+        y += tl.exp(a)[:, None] * (_mm(ce, tl.trans(he), DOT_DTYPE, PREC) + _mm(co, tl.trans(ho), DOT_DTYPE, PREC))
+        tl.store(y_ptr + xo, y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
+        xk = (x.to(tl.float32) * (sig * tl.exp(a_last - a))[:, None]).to(DOT_DTYPE)   # x weighted into the chunk end
         dec = tl.exp(a_last)
-        he = dec * he + _mm(tl.trans(x), bte * wk[:, None], DOT_DTYPE, PREC)
-        ho = dec * ho + _mm(tl.trans(x), bto * wk[:, None], DOT_DTYPE, PREC)
-    tl.store(ht_ptr + bh * P * N + st, he, mask=mst)
-    tl.store(ht_ptr + bh * P * N + st + 1, ho, mask=mst)
+        he = dec * he + tl.dot(tl.trans(xk), be, input_precision=PREC)
+        ho = dec * ho + tl.dot(tl.trans(xk), bo, input_precision=PREC)
+    _store_pairs(ht_ptr + bh * P * N, p, every, he, ho, N, NH)
     if HAS_THETA:
         tl.store(phit_ptr + bh * S + j, _carry_f32(phi_c), mask=j < S)
 
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
-def _ssd_bwd_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr, hs_ptr,
-                    phis_ptr,
-                    dy_ptr, dht_ptr, dphit_ptr,
-                    dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dom_ptr, ddt_ptr, dd_ptr, dh0_ptr, dphi0_ptr,
-                    T, H, S, NC, OM_H, om_hs, G, HG,
-                    L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, NH: tl.constexpr,
-                    HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    "Backward SSD of one (batch, head): reverse walk over the chunks carrying dH and the angle gradient; grid (H, b)."
-    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
+def _ssd_bwd_state_kernel(c_ptr, cb_ptr, adt_ptr, om_ptr, dt_ptr, phis_ptr, dy_ptr, dht_ptr, dhs_ptr, dh0_ptr,
+                          T, H, S, NC, OM_H, om_hs, G, HG,
+                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, NH: tl.constexpr,
+                          HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """dL/dH_out of every chunk of one (batch, head), stored per chunk: the reverse walk
+    dH <- e^{a_last} dH + (e^{a} ⊙ dY)ᵀ C̃ from dL/dH_T; grid (H, b)."""
+    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
     bh = ib * H + ih
     t = tl.arange(0, L); p = tl.arange(0, P); j = tl.arange(0, NH)
-    mj = j < N // 2
-    st = p[:, None] * N + 2 * j[None, :]
-    mst = (p[:, None] >= 0) & mj[None, :]
-    dhe = tl.load(dht_ptr + bh * P * N + st, mask=mst, other=0.)          # dL/dH_out, even/odd halves
-    dho = tl.load(dht_ptr + bh * P * N + st + 1, mask=mst, other=0.)
-    gphi = tl.zeros((NH,), tl.float32)                                    # dL/d(angle carry out of the chunk)
+    every = p >= 0
+    dhe, dho = _load_pairs(dht_ptr + bh * P * N, p, every, N, NH)          # dL/dH_out, even/odd halves
+    for ci in range(NC):
+        c = NC - 1 - ci
+        _store_pairs(dhs_ptr + (bh * NC + c) * P * N, p, every, dhe, dho, N, NH)
+        t0 = ib * T + c * L
+        mt = c * L + t < T
+        row = (t0 + t) * H + ih
+        ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
+        if HAS_THETA:
+            phi, dt, om = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
+                                        tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.), S)
+            cs, sn = tl.cos(phi), tl.sin(phi)
+            ce, co = _rotate(ce, co, cs, sn)
+        adt = tl.load(adt_ptr + row, mask=mt, other=0.)
+        dy = tl.load(dy_ptr + t0 * H * P + (t * H + ih)[:, None] * P + p[None, :], mask=mt[:, None], other=0.)
+        dyea = (dy.to(tl.float32) * tl.exp(tl.cumsum(adt, axis=0))[:, None]).to(DOT_DTYPE)
+        dec = tl.exp(tl.sum(adt, axis=0))
+        dhe = dec * dhe + _mm(tl.trans(dyea), ce, DOT_DTYPE, PREC)
+        dho = dec * dho + _mm(tl.trans(dyea), co, DOT_DTYPE, PREC)
+    _store_pairs(dh0_ptr + bh * P * N, p, every, dhe, dho, N, NH)
+
+@triton.jit
+def _ssd_bwd_chunk_kernel(x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, d_ptr,
+                          hs_ptr, phis_ptr, dy_ptr, dhs_ptr,
+                          dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dd_ptr,
+                          T, H, S, NC, OM_H, om_hs, G, HG,
+                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, NH: tl.constexpr,
+                          HAS_THETA: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """Every gradient of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b).
+    dB, dC come out in the rotated frame (dB̃, dC̃); the angle kernel rotates them back."""
+    c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    bh = ib * H + ih
+    t = tl.arange(0, L); p = tl.arange(0, P); j = tl.arange(0, NH)
+    every = p >= 0
+    t0 = ib * T + c * L
+    mt = c * L + t < T
+    row = (t0 + t) * H + ih
+    xrow = t * H + ih
+    xo = t0 * H * P + xrow[:, None] * P + p[None, :]
+    x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)                               # (L, P), input dtype
+    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+    rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # γ-diagonal and D skip
+    tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))
+    be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
+    ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
+    cb = tl.sum(ce * be + co * bo, axis=1)                                             # C·B = C̃·B̃
     if HAS_THETA:
-        gphi = tl.load(dphit_ptr + bh * S + j, mask=j < S, other=0.)
+        phi, dt, om = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
+                                    tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.), S)
+        cs, sn = tl.cos(phi), tl.sin(phi)
+        be, bo = _rotate(be, bo, cs, sn)
+        ce, co = _rotate(ce, co, cs, sn)
+    be = be.to(DOT_DTYPE); bo = bo.to(DOT_DTYPE); ce = ce.to(DOT_DTYPE); co = co.to(DOT_DTYPE)
+    adt = tl.load(adt_ptr + row, mask=mt, other=0.)
+    sig = tl.load(sig_ptr + row, mask=mt, other=0.)
+    gam = tl.load(gam_ptr + row, mask=mt, other=0.)
+    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
+    gd = rdiag * gam
     dskip = 0.
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
-    dd_acc = tl.zeros((L,), tl.float32)
-    causal = t[:, None] > t[None, :]
+    a = tl.cumsum(adt, axis=0)
+    a_last = tl.sum(adt, axis=0)
+    a2 = a * 1.4426950408889634
+    m = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # decay mask W
+    gw = (tl.dot(ce, tl.trans(be), input_precision=PREC) + tl.dot(co, tl.trans(bo), input_precision=PREC)) \
+        * (m * sig[None, :])                                                           # G ⊙ W, G = C̃ (σB̃)ᵀ
+    dgw = _mm(dy, tl.trans(x), DOT_DTYPE, PREC)                                        # dL/d(G ⊙ W), (L, L)
+    dww = dgw * gw                                                                     # dL/dW ⊙ W
+    da = tl.sum(dww, axis=1) - tl.sum(dww, axis=0)
+    dg = dgw * m                                                                       # dL/dG
+    # dX: intra-chunk product, diagonal + skip, and the write into the chunk-end state
+    dhe, dho = _load_pairs(dhs_ptr + (bh * NC + c) * P * N, p, every, N, NH)           # dL/dH_out
+    ek = tl.exp(a_last - a)
+    wk = sig * ek
+    dx = _mm(tl.trans(gw), dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32)
+    dx += wk[:, None] * (_mm(be, tl.trans(dhe), DOT_DTYPE, PREC) + _mm(bo, tl.trans(dho), DOT_DTYPE, PREC))
+    tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
+    # keys: the state write (weight κ = σ e^{a_last - a}) and the intra-chunk product (weight σ)
+    ske = _mm(x, dhe, DOT_DTYPE, PREC)                                                 # X dH, (L, NH)
+    sko = _mm(x, dho, DOT_DTYPE, PREC)
+    wdot = tl.sum(be.to(tl.float32) * ske + bo.to(tl.float32) * sko, axis=1)
+    gke = _mm(tl.trans(dg), ce, DOT_DTYPE, PREC)
+    gko = _mm(tl.trans(dg), co, DOT_DTYPE, PREC)
+    dsig = tl.sum(be.to(tl.float32) * gke + bo.to(tl.float32) * gko, axis=1) + ek * wdot
+    _store_pairs(db_ptr + t0 * H * N, xrow, mt, sig[:, None] * gke + wk[:, None] * ske + gd[:, None] * ce.to(tl.float32),
+                 sig[:, None] * gko + wk[:, None] * sko + gd[:, None] * co.to(tl.float32), N, NH)
+    tl.store(dsig_ptr + row, dsig, mask=mt)
+    # queries: the intra-chunk product and the inter-chunk read e^{a_t} C̃_t H_in
+    hie, hio = _load_pairs(hs_ptr + (bh * NC + c) * P * N, p, every, N, NH)           # H_in
+    s_last = tl.sum(tl.sum(dhe * hie + dho * hio, axis=1), axis=0)
+    ea = tl.exp(a)
+    rde = _mm(dy, hie, DOT_DTYPE, PREC)                                                # dY H_in, (L, NH)
+    rdo = _mm(dy, hio, DOT_DTYPE, PREC)
+    dgs = dg * sig[None, :]                                                            # dL/d(C̃ B̃ᵀ)
+    _store_pairs(dc_ptr + t0 * H * N, xrow, mt,
+                 _mm(dgs, be, DOT_DTYPE, PREC) + ea[:, None] * rde + gd[:, None] * be.to(tl.float32),
+                 _mm(dgs, bo, DOT_DTYPE, PREC) + ea[:, None] * rdo + gd[:, None] * bo.to(tl.float32), N, NH)
+    # log-decay: the read e^{a_t}, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
+    r = wk * wdot
+    da += ea * tl.sum(ce.to(tl.float32) * rde + co.to(tl.float32) * rdo, axis=1) - r
+    da_last = tl.sum(r, axis=0) + tl.exp(a_last) * s_last
+    tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
+
+@triton.jit
+def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dphit_ptr,
+                          db_ptr, dc_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
+                          L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Rotate one (batch, head)'s dB̃, dC̃ back to dB, dC and turn the angle gradient into dω, dΔ and dΦ₀: a reverse
+    walk over the chunks carrying dL/d(angle carry); grid (H, b)."""
+    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    bh = ib * H + ih
+    t = tl.arange(0, L); j = tl.arange(0, NH)
+    gphi = tl.load(dphit_ptr + bh * S + j, mask=j < S, other=0.)          # dL/d(angle carry out of the chunk)
     for ci in range(NC):
         c = NC - 1 - ci
-        tt = c * L + t
-        mt = tt < T
-        row = (ib * T + tt) * H + ih
-        orow = (ib * T + tt) * OM_H + ih * om_hs                  # ω rows: shared by the heads or per head
-        bcrow = (ib * T + tt) * G + ih // HG                      # B/C rows: head ih reads group ih // (H/G)
-        phi_c = tl.zeros((NH,), tl.float32)
-        if HAS_THETA:
-            phi_c = tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.)
-        adt, sig, gam, x, bte, bto, cte, cto, om, dt, dl, cs, sn = _chunk_tiles(
-            x_ptr, b_ptr, c_ptr, bb_ptr, cb_ptr, adt_ptr, sig_ptr, gam_ptr, om_ptr, dt_ptr, row, bcrow, orow, ih,
-            mt, p, j, phi_c, S, N, P, HAS_THETA, HAS_BIAS)
-        # recompute the forward quantities of this chunk
-        cb = tl.sum(cte * bte + cto * bto, axis=1)                           # C̃·B̃ = C·B
-        a = tl.cumsum(adt, axis=0)
-        a_last = tl.sum(adt, axis=0)
-        ea = tl.exp(a)
-        dec = tl.exp(a_last)
-        ek = tl.exp(a_last - a)
-        wk = sig * ek
-        kse = bte * sig[:, None]; kso = bto * sig[:, None]                   # K = σ B̃
-        g = _mm(cte, tl.trans(kse), DOT_DTYPE, PREC) + _mm(cto, tl.trans(kso), DOT_DTYPE, PREC)
-        a2 = a * 1.4426950408889634                              # log2 units: exp2 on the (L, L) tile
-        w = tl.where(causal, tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)
-        gw = g * w
-        dy = tl.load(dy_ptr + row[:, None] * P + p[None, :], mask=mt[:, None], other=0.).to(tl.float32)
-        # dX: intra-chunk product, diagonal + skip, and the write into the chunk-end state
-        dx = _mm(tl.trans(gw), dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy
-        dx += wk[:, None] * (_mm(bte, tl.trans(dhe), DOT_DTYPE, PREC) + _mm(bto, tl.trans(dho), DOT_DTYPE, PREC))
-        tl.store(dx_ptr + row[:, None] * P + p[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
-        # the masked product: dG, and the log-decay gradient of the mask (rows +, columns -)
-        dgw = _mm(dy, tl.trans(x), DOT_DTYPE, PREC)                          # dL/d(G ⊙ W), (L, L)
-        dg = dgw * w
-        dww = dgw * gw                                                       # dL/dW ⊙ W
-        da = tl.sum(dww, axis=1) - tl.sum(dww, axis=0)
-        rdiag = tl.sum(dy * x, axis=1)                                       # γ-diagonal and D skip
-        dd_acc += rdiag
-        gd = rdiag * gam
-        # keys: the state write (weight κ = σ e^{a_last - a}) and the intra-chunk product (weight σ)
-        ske = _mm(x, dhe, DOT_DTYPE, PREC); sko = _mm(x, dho, DOT_DTYPE, PREC)      # X dH, (L, N/2)
-        wdot = tl.sum(bte * ske + bto * sko, axis=1)
-        gke = _mm(tl.trans(dg), cte, DOT_DTYPE, PREC); gko = _mm(tl.trans(dg), cto, DOT_DTYPE, PREC)
-        dbte = sig[:, None] * gke + wk[:, None] * ske + gd[:, None] * cte
-        dbto = sig[:, None] * gko + wk[:, None] * sko + gd[:, None] * cto
-        dsig = tl.sum(bte * gke + bto * gko, axis=1) + ek * wdot
-        # queries: the intra-chunk product and the inter-chunk read e^{a_t} C̃_t H_in
-        hie = tl.load(hs_ptr + (bh * NC + c) * P * N + st, mask=mst, other=0.)    # H_in, even/odd
-        hio = tl.load(hs_ptr + (bh * NC + c) * P * N + st + 1, mask=mst, other=0.)
-        rde = _mm(dy, hie, DOT_DTYPE, PREC); rdo = _mm(dy, hio, DOT_DTYPE, PREC)    # dY H_in, (L, N/2)
-        dcte = _mm(dg, kse, DOT_DTYPE, PREC) + ea[:, None] * rde + gd[:, None] * bte
-        dcto = _mm(dg, kso, DOT_DTYPE, PREC) + ea[:, None] * rdo + gd[:, None] * bto
-        # log-decay: the read e^{a_t}, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
-        r = wk * wdot
-        da += ea * tl.sum(cte * rde + cto * rdo, axis=1) - r
-        da_last = tl.sum(r, axis=0) + dec * tl.sum(tl.sum(dhe * hie + dho * hio, axis=1), axis=0)
-        tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
-        tl.store(dsig_ptr + row, dsig, mask=mt)
-        tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
-        # carry dH to the previous chunk
-        dyea = dy * ea[:, None]
-        dhe = dec * dhe + _mm(tl.trans(dyea), cte, DOT_DTYPE, PREC)
-        dho = dec * dho + _mm(tl.trans(dyea), cto, DOT_DTYPE, PREC)
-        # angles (the diagonal's terms cancel here: C̃·B̃ does not depend on Φ), then rotate the gradients back
-        if HAS_THETA:
-            dphi = dbto * bte - dbte * bto + dcto * cte - dcte * cto                # (L, N/2)
-            ddl = tl.cumsum(dphi, axis=0, reverse=True) + gphi[None, :]                # dL/dδ
-            gphi += tl.sum(dphi, axis=0)
-            tl.store(dom_ptr + row[:, None] * S + j[None, :], ddl * dt[:, None], mask=mt[:, None] & (j < S)[None, :])
-            tl.store(ddt_ptr + row, tl.sum(ddl * om, axis=1), mask=mt)                  # ω = 0 for j >= S
-        m2 = mt[:, None] & mj[None, :]
-        ev = row[:, None] * N + 2 * j[None, :]
-        tl.store(db_ptr + ev, (dbte * cs + dbto * sn).to(db_ptr.dtype.element_ty), mask=m2)
-        tl.store(db_ptr + ev + 1, (dbto * cs - dbte * sn).to(db_ptr.dtype.element_ty), mask=m2)
-        tl.store(dc_ptr + ev, (dcte * cs + dcto * sn).to(dc_ptr.dtype.element_ty), mask=m2)
-        tl.store(dc_ptr + ev + 1, (dcto * cs - dcte * sn).to(dc_ptr.dtype.element_ty), mask=m2)
-    tl.store(dh0_ptr + bh * P * N + st, dhe, mask=mst)
-    tl.store(dh0_ptr + bh * P * N + st + 1, dho, mask=mst)
-    if HAS_THETA:
-        tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
-    tl.store(dd_ptr + bh, tl.sum(dd_acc, axis=0))
+        t0 = ib * T + c * L
+        mt = c * L + t < T
+        row = (t0 + t) * H + ih
+        xrow = t * H + ih
+        phi, dt, om = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
+                                    tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.), S)
+        cs, sn = tl.cos(phi), tl.sin(phi)
+        # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
+        be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
+        be, bo = _rotate(be, bo, cs, sn)
+        ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
+        dphi = go * be - ge * bo
+        _store_pairs(db_ptr + t0 * H * N, xrow, mt, ge * cs + go * sn, go * cs - ge * sn, N, NH)
+        ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
+        ce, co = _rotate(ce, co, cs, sn)
+        ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
+        dphi += go * ce - ge * co
+        _store_pairs(dc_ptr + t0 * H * N, xrow, mt, ge * cs + go * sn, go * cs - ge * sn, N, NH)
+        ddl = tl.cumsum(dphi, axis=0, reverse=True) + gphi[None, :]                  # dL/dδ, δ = Δ·ω
+        gphi += tl.sum(dphi, axis=0)
+        tl.store(dom_ptr + t0 * H * S + xrow[:, None] * S + j[None, :], ddl * dt[:, None],
+                 mask=mt[:, None] & (j < S)[None, :])
+        tl.store(ddt_ptr + row, tl.sum(ddl * om, axis=1), mask=mt)                       # ω = 0 for j >= S
+    tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
 
 # %% ../nbs/01_ssd_triton.ipynb #e49d6212
-_DEFAULT_CONFIG = {"fwd": dict(num_warps=8, num_stages=1), "bwd": dict(num_warps=8, num_stages=1)}
+_DEFAULT_CONFIG = {k: dict(num_warps=8, num_stages=1) for k in ("fwd", "bwd_state", "bwd_chunk", "bwd_angle")}
 
 def _env_int(name):
     "Integer value of env var `name`, or None when unset."
@@ -293,7 +346,7 @@ def _launch(kernel, kind, grid, *args, **meta):
     try:
         kernel[grid](*args, **meta, **_launch_config(kind))
     except OutOfResources as e:
-        dims = f"chunk_size={meta['L']}, P={meta['P']}, N={meta['N']}"
+        dims = f"chunk_size={meta['L']}, P={meta.get('P', '-')}, N={meta['N']}"
         raise ValueError(f"ssd_triton: the {kind} kernel does not fit on this GPU at {dims} ({e}); "
                          f'use a smaller chunk_size, fewer TRITON_PER_CHUNK_NUM_STAGES, or ssd_dispatch="pytorch".') from e
 
@@ -332,35 +385,43 @@ class _SSDCore(torch.autograd.Function):
         b, T, H, P = x.shape
         N, S = B.shape[-1], (0 if om is None else om.shape[-1])
         OM_H = 1 if om is None else om.shape[2]
+        NC = triton.cdiv(T, chunk_size)
         f32 = dict(device=x.device, dtype=torch.float32)
         dy = dy.contiguous()
         dht = torch.zeros(b, H, P, N, **f32) if dht is None else dht.float().contiguous()
         dphit = torch.zeros(b, H, S, **f32) if dphit is None else dphit.float().contiguous()
         G = B.shape[2]
+        sizes = (T, H, S, NC, OM_H, int(OM_H > 1), G, H // G)
+        meta = dict(L=chunk_size, N=N, NH=max(N // 2, 16), HAS_BIAS=Bb is not None)
+        dots = dict(P=P, HAS_THETA=om is not None, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision)
+        Bb_, Cb_, om_ = (adt if t is None else t for t in (Bb, Cb, om))
+        dhs, dh0 = torch.empty(b, H, NC, P, N, **f32), torch.empty(b, H, P, N, **f32)
+        _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), C, Cb_, adt, om_, dt, phis, dy, dht, dhs, dh0, *sizes,
+                **meta, **dots)
         per_head = G == H and Bb is None                                     # else: per-head fp32, reduced below
+        out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
+        dB, dC = out(B), out(C)
+        gB, gC = (dB, dC) if om is None else (torch.empty(b, T, H, N, **f32) for _ in range(2))   # dB̃, dC̃
         dx = torch.empty_like(x)
-        dB = torch.empty_like(B) if per_head else torch.empty(b, T, H, N, **f32)
-        dC = torch.empty_like(C) if per_head else torch.empty(b, T, H, N, **f32)
         dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
-        dom = dadt if om is None else torch.empty(b, T, H, S, **f32)         # per head; summed below if shared
-        ddt = torch.zeros(b, T, H, **f32)                                    # the angle path's share of dΔ
-        dD, dh0, dphi0 = torch.empty(b, H, **f32), torch.empty(b, H, P, N, **f32), torch.zeros(b, H, S, **f32)
-        _launch(_ssd_bwd_kernel, "bwd", (H, b),
-            x, B, C, adt if Bb is None else Bb, adt if Cb is None else Cb, adt, sig, gam, adt if om is None else om, dt,
-            adt if D is None else D, hs, phis, dy, dht, dphit,
-            dx, dB, dC, dadt, dsig, dgam, dom, ddt, dD, dh0, dphi0, T, H, S, triton.cdiv(T, chunk_size),
-            OM_H, int(OM_H > 1), G, H // G,
-            L=chunk_size, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_D=D is not None,
-            HAS_BIAS=Bb is not None, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision)
-        if om is not None and OM_H == 1: dom = dom.sum(2, keepdim=True)       # ω shared by the heads
+        dD = torch.empty(b, H, NC, **f32)
+        _launch(_ssd_bwd_chunk_kernel, "bwd_chunk", (NC, H, b),
+            x, B, C, Bb_, Cb_, adt, sig, gam, om_, dt, adt if D is None else D, hs, phis, dy, dhs,
+            dx, gB, gC, dadt, dsig, dgam, dD, *sizes, **meta, **dots, HAS_D=D is not None)
+        dom = ddt = dphi0 = None
+        if om is not None:
+            dom, ddt = torch.empty(b, T, H, S, **f32), torch.empty(b, T, H, **f32)
+            dphi0 = torch.empty(b, H, S, **f32)
+            _launch(_ssd_bwd_angle_kernel, "bwd_angle", (H, b), B, C, Bb_, Cb_, om, dt, phis, gB, gC, dphit,
+                    dB, dC, dom, ddt, dphi0, *sizes, **meta)
+            if OM_H == 1: dom = dom.sum(2, keepdim=True)                     # ω shared by the heads
         dBb = None if Bb is None else dB.sum((0, 1)).to(Bb.dtype)            # (H, N)
         dCb = None if Cb is None else dC.sum((0, 1)).to(Cb.dtype)
         if not per_head:                                                     # heads -> their group
             dB = dB.view(b, T, G, H // G, N).sum(3).to(B.dtype)
             dC = dC.view(b, T, G, H // G, N).sum(3).to(C.dtype)
-        return (dx, dB, dC, dBb, dCb, dadt, dsig, dgam, None if om is None else dom, None if om is None else ddt,
-                None if D is None else dD.sum(0).to(D.dtype), dh0 if has_h0 else None,
-                dphi0 if has_phi0 else None, None, None, None)
+        return (dx, dB, dC, dBb, dCb, dadt, dsig, dgam, dom, ddt, None if D is None else dD.sum((0, 2)).to(D.dtype),
+                dh0 if has_h0 else None, dphi0 if has_phi0 else None, None, None, None)
 
 # %% ../nbs/01_ssd_triton.ipynb #edbf7d27
 _MIMO_WARNED = False
