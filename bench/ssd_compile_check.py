@@ -1,12 +1,15 @@
-"""Compile the fused SSD kernels ahead of time for an NVIDIA target — no GPU needed — and report what ptxas says.
+"""Compile the SSD kernels ahead of time for NVIDIA targets — no GPU needed — and report what ptxas says.
 
 The Triton interpreter (CPU CI) runs the kernels' math but never compiles them, so it cannot catch what only the
 compiler rejects (layouts, dot shapes, loop-carried types) nor say anything about register pressure. This script
-lowers `_ssd_fwd_kernel` / `_ssd_bwd_kernel` through Triton's NVIDIA backend for `--arch` (default 90, H100/H200),
-runs the ptxas bundled with Triton with `-v`, and prints registers, spill bytes and shared memory per config.
+lowers each kernel of `mamba3_lite.ssd_triton` (`KERNELS`: rotate, fwd, bwd_state, bwd_chunk, bwd_angle) through
+Triton's NVIDIA backend for each `--arch` (80: A100, 90: H100/H200), specialised as a launch at T=2048, H=32, S=32
+would be (ints equal to 1 as constants, 16-divisible ints and pointers with divisibility hints), runs the ptxas that
+ships with Triton with Triton's own flags, and prints registers, spill bytes and shared memory per config; `--out`
+(or $OUT) also gets the table as ssd_compile_check.json.
 
-    python bench/ssd_compile_check.py                         # bf16, L=64, warps 4 and 8
-    python bench/ssd_compile_check.py --chunk 32 64 128 --warps 4 8 16 --dtype bf16 fp32
+    python bench/ssd_compile_check.py --arch 80 90 --default-config --fail-on-spill   # what CI checks
+    python bench/ssd_compile_check.py --arch 90 --chunk 32 64 --warps 4 8 16 --stages 1 2 --P 64 --N 64
 """
 import argparse
 import json
@@ -27,17 +30,30 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mamba3_lite import ssd_triton as kern  # noqa: E402
 
-KERNELS = {"fwd": "_ssd_fwd_kernel", "bwd_state": "_ssd_bwd_state_kernel", "bwd_chunk": "_ssd_bwd_chunk_kernel",
-           "bwd_angle": "_ssd_bwd_angle_kernel"}
-HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr")
+HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "bt_ptr", "ct_ptr", "dhs_ptr")
 INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG")
 
 
-def signature(fn, dtype, constexprs, half_grads):
-    "Triton signature: x/B/C/y/dy/dx in `dtype` (and dB/dC when `half_grads`), the rest fp32 pointers, int32 sizes."
+def launch_ints(T, H, S, L, bias):
+    "The integer arguments of a launch at this shape: shared B/C (one group, shared angles) with bias, else per head."
+    G = 1 if bias else H
+    return dict(T=T, H=H, S=S, NC=-(-T // L), OM_H=1, om_hs=0, G=G, HG=H // G)
+
+
+def specialise(fn, dtype, consts, half_grads, ints):
+    """Signature, constexprs and attributes as Triton builds them at launch: ints equal to 1 become constexprs, ints
+    divisible by 16 and (16-byte aligned) pointers carry a divisibility hint, which lets loads and stores vectorise."""
     half = HALF_PTRS + (("db_ptr", "dc_ptr") if half_grads else ())
-    return {name: "constexpr" if name in constexprs else "i32" if name in INTS
-            else f"*{dtype}" if name in half else "*fp32" for name in fn.arg_names}
+    consts = dict(consts, **{k: 1 for k in fn.arg_names if ints.get(k) == 1})
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        sig[name] = "i32" if name in INTS else f"*{dtype}" if name in half else "*fp32"
+        if name not in INTS or ints[name] % 16 == 0:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, consts, attrs
 
 
 def ptxas_report(ptx, arch):
@@ -55,17 +71,18 @@ def ptxas_report(ptx, arch):
                 spill_load_bytes=num(r"(\d+) bytes spill loads"), stack_bytes=num(r"(\d+) bytes stack frame"))
 
 
-def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None):
+def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32):
     "Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row."
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
-    fn = getattr(kern, KERNELS[kind])
+    fn = getattr(kern, f"_ssd_{kind}_kernel")
     every = dict(L=L, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True,
                  STORE=True, DOT_DTYPE=dot, PREC="ieee")
     consts = {k: v for k, v in every.items() if k in fn.arg_names}
     options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     t0 = time.perf_counter()
-    ck = triton.compile(ASTSource(fn=fn, signature=signature(fn, dtype, consts, kind == "bwd_angle" and not bias),
-                                  constexprs=consts), target=GPUTarget("cuda", arch, 32), options=options)
+    sig, consts, attrs = specialise(fn, dtype, consts, kind == "bwd_angle" and not bias, launch_ints(T, H, S, L, bias))
+    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                        target=GPUTarget("cuda", arch, 32), options=options)
     return dict(kernel=kind, arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, num_warps=warps, num_stages=stages,
                 maxnreg=maxnreg, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
                 **ptxas_report(ck.asm["ptx"], arch))
@@ -74,7 +91,7 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities (80: A100, 90: H100/H200)")
-    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
+    p.add_argument("--kernels", nargs="+", default=list(kern.KERNELS), choices=list(kern.KERNELS))
     p.add_argument("--chunk", type=int, nargs="+", default=[64])
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     p.add_argument("--stages", type=int, nargs="+", default=[1])
