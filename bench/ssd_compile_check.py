@@ -117,7 +117,7 @@ def main(argv=None):
             for bias in biases:
                 for L in a.chunk:
                     for kind in a.kernels:
-                        configs = ([kern.default_config(kind, arch)] if a.default_config else
+                        configs = ([kern.default_config(kind, arch, a.N)] if a.default_config else
                                    [dict(num_warps=w, num_stages=s) for w in a.warps for s in a.stages])
                         for cfg in configs:
                             warps, stages = cfg["num_warps"], cfg["num_stages"]

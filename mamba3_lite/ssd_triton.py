@@ -341,9 +341,11 @@ KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the lau
 _DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},    # A100
                    90: {k: dict(num_warps=8, num_stages=1) for k in KERNELS}}    # H100/H200
 
-def default_config(kind, arch=90):
-    "num_warps/num_stages of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later)."
-    return dict(_DEFAULT_CONFIG[90 if arch >= 90 else 80][kind])
+def default_config(kind, arch=90, N=128):
+    "num_warps/num_stages of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later), d_state N."
+    cfg = dict(_DEFAULT_CONFIG[90 if arch >= 90 else 80][kind])
+    if kind == "rotate" and N <= 64: cfg["num_warps"] = 4   # 8 warps: ptxas settles on 128 registers and spills
+    return cfg
 
 def _env_int(name):
     "Integer value of env var `name`, or None when unset."
@@ -352,10 +354,10 @@ def _env_int(name):
     try: return int(raw)
     except ValueError: raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
 
-def _launch_config(kind):
+def _launch_config(kind, N=128):
     "num_warps/num_stages of kernel `kind` on this GPU (sm_90 without one), after the TRITON_PER_CHUNK_* overrides."
     major, minor = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
-    cfg = default_config(kind, 10 * major + minor)
+    cfg = default_config(kind, 10 * major + minor, N)
     for key, env in (("num_warps", "TRITON_PER_CHUNK_NUM_WARPS"), ("num_stages", "TRITON_PER_CHUNK_NUM_STAGES")):
         val = _env_int(env)
         if val is not None: cfg[key] = val
@@ -372,7 +374,7 @@ def _dot_dtype(dtype):
 def _launch(kernel, kind, grid, *args, **meta):
     "Launch with the 'fwd'/'bwd' config; a config that does not fit on the GPU becomes a ValueError that says what to do."
     try:
-        kernel[grid](*args, **meta, **_launch_config(kind))
+        kernel[grid](*args, **meta, **_launch_config(kind, meta["N"]))
     except OutOfResources as e:
         dims = f"chunk_size={meta['L']}, P={meta.get('P', '-')}, N={meta['N']}"
         raise ValueError(f"ssd_triton: the {kind} kernel does not fit on this GPU at {dims} ({e}); "
