@@ -1,4 +1,4 @@
-"""End-to-end smoke of Mamba-3-Lite on one GPU (issue 8): six checks, each PASS/FAIL with its numbers and time.
+"""End-to-end smoke of Mamba-3-Lite on one GPU: six checks, each PASS/FAIL with its numbers and time.
 
 1. kernel:     `ssd_triton` vs `ssd_chunked`, forward + backward (y, final state, every input gradient), fp32 and
                bf16 (against an fp32 `ssd_chunked` fed the same bf16-rounded inputs).
