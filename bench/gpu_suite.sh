@@ -6,6 +6,9 @@
 #   bash bench/gpu_suite.sh --budget 300 --section e2e_smoke,kernel_sweep   # second command, same warm machine
 #   bash bench/gpu_suite.sh --smoke --cpu                             # no GPU: the whole harness, Triton interpreter
 #
+# --budget S: seconds for the whole run (default 420; 2400 with --cpu). --section a,b: only these sections (env
+# always runs). --smoke: fewer timing reps (with --cpu: tiny shapes through the Triton interpreter, no compile).
+#
 # Sections, in the order they run (caps in seconds, GPU / --cpu):
 #   env           25 /   60  versions, device, peers importable, measured copy bandwidth and bf16 matmul rate
 #   kernel_check  60 /  300  ssd_triton vs ssd_chunked at the 434M layer shape, fp32 and bf16, values + gradients
@@ -26,7 +29,8 @@
 # summary.md (status table + every section's tables), results.json (every section's JSON), logs.tgz (all logs and
 # raw outputs). Peers: the wheels in bench/peers/ (bench/fetch_peers.sh) are installed with --no-deps --no-index into
 # a temporary --target folder put on PYTHONPATH; without them fla and the official kernel are reported unavailable.
-# Environment: OUT, PYTHON (default .venv/bin/python, else python3), PEERS_DIR (default bench/peers).
+# Environment: OUT, PYTHON (default .venv/bin/python, else python3), PEERS_DIR (default bench/peers),
+# SUITE_CAP_<section> (seconds: replaces that section's cap, e.g. for a longer rerun of one section).
 # Exit status: 0 if every section that ran passed, 1 otherwise, 2 on a usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +64,10 @@ done
 [[ $CPU == 1 && $SMOKE == 0 ]] && die_usage "--cpu is a harness check and needs --smoke"
 BUDGET=${BUDGET:-$([[ $CPU == 1 ]] && echo 2400 || echo 420)}
 [[ "$BUDGET" =~ ^[0-9]+$ ]] && (( BUDGET >= 60 )) || die_usage "--budget: expected whole seconds >= 60, got '$BUDGET'"
+for s in "${ORDER[@]}"; do
+  v="SUITE_CAP_$s"
+  [[ -z "${!v:-}" || "${!v}" =~ ^[1-9][0-9]*$ ]] || die_usage "$v: expected whole seconds > 0, got '${!v}'"
+done
 declare -A WANT=()
 if [[ -n "$SECTIONS" ]]; then
   IFS=, read -ra req <<< "$SECTIONS"
@@ -137,12 +145,15 @@ run_section() {
   local name=$1 cap min left start rc took status note=""
   [[ -n "${WANT[$name]+x}" ]] || return 0
   cap=$([[ $CPU == 1 ]] && echo "${CAP_CPU[$name]}" || echo "${CAP_GPU[$name]}")
+  local override="SUITE_CAP_$name"
+  [[ -n "${!override:-}" ]] && cap=${!override}
   min=${MIN_S[$name]}
+  (( cap > 0 && min > cap )) && min=$cap
   left=$(( END - $(date +%s) - GRACE ))
   if (( cap == 0 )); then
     status_line "$name" skipped "" 0 0 "GPU only"; echo "=== $name: skipped (GPU only)"; report; return 0
   fi
-  if [[ $name == kernel_bench || $name == kernel_sweep ]] && grep -qP '^kernel_check\t(FAILED|cut)' "$WORK/status.tsv"; then
+  if [[ $name == kernel_bench || $name == kernel_sweep ]] && awk -F'\t' '$1 == "kernel_check" && $2 != "ok" { found = 1 } END { exit !found }' "$WORK/status.tsv"; then
     status_line "$name" skipped "" 0 0 "kernel_check did not pass"; echo "=== $name: skipped (kernel_check did not pass)"
     report; return 0
   fi
@@ -180,7 +191,8 @@ section_kernel_check() {
 }
 
 section_kernel_bench() {
-  local args=(--part time --shapes main --no-compile --sweep-warps "" --peer-configs 2 --reps 50 --warmup 5 --budget-s 2)
+  local args=(--part time --shapes main --no-compile --sweep-warps "" --peer-configs 2 --budget-s 2)
+  if [[ $SMOKE == 1 ]]; then args+=(--reps 20 --warmup 3); else args+=(--reps 50 --warmup 5); fi
   [[ $CPU == 1 ]] && args=(--part time --smoke --cpu --sweep-warps "")
   # peers start only while a minute of the section is left; ours always runs
   run_capped "$(section_left)" "$PYTHON" bench/ssd_kernel.py "${args[@]}" --deadline-s $(( $(section_left) - 60 )) \
