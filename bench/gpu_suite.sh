@@ -3,7 +3,7 @@
 # result gathered the moment its section ends, so a suite stopped at any point keeps what finished.
 #
 #   bash bench/gpu_suite.sh --budget 420                              # first device command (bench/README.md)
-#   bash bench/gpu_suite.sh --budget 300 --section e2e_smoke,kernel_sweep   # second command, same warm machine
+#   bash bench/gpu_suite.sh --budget 270 --section e2e_smoke,kernel_sweep   # second command, same warm machine
 #   bash bench/gpu_suite.sh --smoke --cpu                             # no GPU: the whole harness, Triton interpreter
 #
 # --budget S: seconds for the whole run (default 420; 2400 with --cpu). --section a,b: only these sections (env
