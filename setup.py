@@ -29,7 +29,11 @@ setuptools.setup(
     url=cfg["git_url"],
     keywords=cfg["keywords"].split(),
     python_requires=">=" + cfg["min_python"],
-    packages=setuptools.find_packages(include=[cfg["lib_name"], cfg["lib_name"] + ".*"]),
+    # the YAML configs ship inside the package as mamba3_lite/configs/*.yaml (importlib.resources finds them
+    # in editable and wheel installs) while the repository keeps them at the top-level configs/
+    packages=setuptools.find_packages(include=[cfg["lib_name"], cfg["lib_name"] + ".*"]) + [cfg["lib_name"] + ".configs"],
+    package_dir={cfg["lib_name"] + ".configs": "configs"},
+    package_data={cfg["lib_name"] + ".configs": ["*.yaml"]},
     include_package_data=True,
     install_requires=requirements,
     extras_require=extras,

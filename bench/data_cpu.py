@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mamba3_lite.data import (GPT2_EOS_ID, GPT2_VOCAB_SIZE, PretrainDataset, TokenizerUnavailableError,  # noqa: E402
-                              gpt2_encoding, prepare_corpus, stdlib_corpus_files, window_fast, window_naive,
-                              write_shard)
+from mamba3_lite.data import (PretrainDataset, prepare_corpus, stdlib_corpus_files, window_fast,  # noqa: E402
+                              window_naive, write_shard)
+from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TokenizerUnavailableError, gpt2_encoding  # noqa: E402
 
 
 def rss_mb():

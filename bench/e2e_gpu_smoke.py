@@ -183,7 +183,7 @@ def synthetic_tokens(rng, n_tokens: int, eos: int) -> np.ndarray:
 
 def gpt2_ranks_source():
     "Where prepare_corpus would read the GPT-2 ranks from without a download, or None."
-    from mamba3_lite.data import RANKS_ENV, r50k_cache_path
+    from mamba3_lite.tokenizer import RANKS_ENV, r50k_cache_path
     if os.environ.get(RANKS_ENV): return f"${RANKS_ENV}={os.environ[RANKS_ENV]}"
     try: cached = r50k_cache_path()
     except ValueError: return None
@@ -193,7 +193,8 @@ def gpt2_ranks_source():
 def ensure_corpus(ctx) -> Path:
     "Write the smoke corpus once (ctx.corpus: dir with train/ and val/ shards) and return it."
     if ctx.corpus is not None: return ctx.corpus
-    from mamba3_lite.data import GPT2_EOS_ID, GPT2_VOCAB_SIZE, prepare_corpus, write_shard
+    from mamba3_lite.data import prepare_corpus, write_shard
+    from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE
     out = ctx.workdir / "corpus"
     rng = np.random.default_rng(0)
     src = gpt2_ranks_source()
@@ -224,7 +225,8 @@ def ensure_corpus(ctx) -> Path:
 
 def check_data(ctx, c: Check):
     from torch.utils.data import DataLoader
-    from mamba3_lite.data import GPT2_VOCAB_SIZE, PretrainDataset, Shard, WindowSampler
+    from mamba3_lite.data import PretrainDataset, Shard, WindowSampler
+    from mamba3_lite.tokenizer import GPT2_VOCAB_SIZE
 
     dev, L, B = ctx.device, ctx.seq_len, ctx.batch
     corpus = ensure_corpus(ctx)
@@ -368,7 +370,7 @@ def check_checkpoint(ctx, c: Check):
 
 # ---------------------------------------------------------------- check 5: 20-step Pretrainer run with compile
 def train_config(ctx):
-    from mamba3_lite.train import DataConfig, LoopConfig, TrainingConfig
+    from mamba3_lite.config import DataConfig, LoopConfig, TrainingConfig
     return TrainingConfig(
         model={"preset": "tiny", "ssd_dispatch": "pytorch" if ctx.cpu else "triton"},
         data=DataConfig(data_path=str(ensure_corpus(ctx)), max_seq_len=ctx.seq_len, shuffle=True),

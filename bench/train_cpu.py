@@ -16,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
-from mamba3_lite.train import LoopConfig, build_optimizer, keep_freed_memory_in_heap, train_step
+from mamba3_lite.config import LoopConfig
+from mamba3_lite.train import build_optimizer, keep_freed_memory_in_heap, train_step
 
 
 LMOut = namedtuple("LMOut", "logits loss")

@@ -21,7 +21,8 @@ import torch
 
 from mamba3_lite.logger import peak_flops_for
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
-from mamba3_lite.train import LoopConfig, apply_triton_opt_in, build_optimizer, train_step
+from mamba3_lite.config import LoopConfig, apply_triton_opt_in
+from mamba3_lite.train import build_optimizer, train_step
 
 
 def main(argv=None):

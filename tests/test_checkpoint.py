@@ -1,5 +1,5 @@
 """CheckpointManager: crash safety under kill -9, damage detection with fallback, tying, strictness, pruning,
-meta refusal, RNG round trip. Notebook nbs/05_checkpoint.ipynb holds the derivations; this file holds the
+meta refusal, RNG round trip. Notebook nbs/07_checkpoint.ipynb holds the derivations; this file holds the
 multi-process and long-list cases."""
 import importlib.util
 import json

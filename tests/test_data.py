@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from mamba3_lite import data as D
-from mamba3_lite.data import (GPT2_EOS_ID, GPT2_VOCAB_SIZE, PretrainDataset, Shard, TokenizerUnavailableError,
-                              WindowSampler, install_tokenizer, prepare_cli, prepare_corpus, window_naive, write_shard)
+from mamba3_lite import tokenizer as Tok
+from mamba3_lite.cli import install_tokenizer_cli, prepare_cli
+from mamba3_lite.data import PretrainDataset, Shard, WindowSampler, prepare_corpus, window_naive, write_shard
+from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TokenizerUnavailableError, install_tokenizer
 
 RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
 needs_ranks = pytest.mark.skipif(not RANKS, reason="set MAMBA3_LITE_GPT2_RANKS to a copy of gpt2.tiktoken "
@@ -297,7 +299,7 @@ def test_no_ranks_offline_is_one_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tiktoken.load, "read_file", no_network)
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
     with pytest.raises(TokenizerUnavailableError) as e:
-        D.gpt2_encoding()
+        Tok.gpt2_encoding()
     msg = str(e.value)
     for part in ("pip download --no-deps --no-binary :all: openai-whisper==20250625", "whisper/assets/gpt2.tiktoken",
                  "mamba3-lite install-tokenizer", "MAMBA3_LITE_GPT2_RANKS"):
@@ -313,10 +315,10 @@ def test_ranks_file_checks(tmp_path, monkeypatch):
     bad = tmp_path / "bad.tiktoken"
     bad.write_bytes(b"aGk= 0\n")
     with pytest.raises(ValueError, match="bad.tiktoken has sha256"):
-        D.gpt2_encoding(bad)
+        Tok.gpt2_encoding(bad)
     monkeypatch.setenv("MAMBA3_LITE_GPT2_RANKS", str(tmp_path / "missing.tiktoken"))
     with pytest.raises(FileNotFoundError, match="missing.tiktoken"):
-        D.gpt2_encoding()
+        Tok.gpt2_encoding()
     with pytest.raises(ValueError, match="expected 306cd27f"):
         install_tokenizer(bad, tmp_path / "cache")
     assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
@@ -333,16 +335,16 @@ def test_install_tokenizer_makes_plain_tiktoken_work_offline(tmp_path, monkeypat
 
     monkeypatch.setattr(tiktoken.load, "read_file", no_network)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
-    assert D.install_tokenizer_cli([RANKS]) == 0
-    assert D.r50k_cache_path().is_file()
+    assert install_tokenizer_cli([RANKS]) == 0
+    assert Tok.r50k_cache_path().is_file()
     plain = tiktoken.Encoding(**r50k_base())
-    ours = D.gpt2_encoding(RANKS)
+    ours = Tok.gpt2_encoding(RANKS)
     text = "def f(x):\n    return x ** 2  # λ\r\n<|endoftext|> ends here"
     assert plain.encode_ordinary(text) == ours.encode_ordinary(text)
     assert plain._mergeable_ranks == ours._mergeable_ranks and plain.n_vocab == ours.n_vocab == GPT2_VOCAB_SIZE
     monkeypatch.delenv("MAMBA3_LITE_GPT2_RANKS", raising=False)
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
-    assert D.gpt2_encoding().encode_ordinary(text) == ours.encode_ordinary(text)  # our default path, from the cache
+    assert Tok.gpt2_encoding().encode_ordinary(text) == ours.encode_ordinary(text)  # our default path, from the cache
 
 
 # ---------------------------------------------------------------- prepare
@@ -371,7 +373,7 @@ def _decode_split(enc, out, split):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_prepare_round_trip(tmp_path, workers):
     docs = _corpus(tmp_path / "c")
-    enc = D.gpt2_encoding(RANKS)
+    enc = Tok.gpt2_encoding(RANKS)
     out = tmp_path / "out"
     res = prepare_corpus([tmp_path / "c"], out, shard_size_tokens=100, val_fraction=0.25, text_field="body",
                          workers=workers, progress=False, bpe_file=RANKS, batch_bytes=300)
@@ -392,7 +394,7 @@ def test_prepare_round_trip(tmp_path, workers):
 @needs_ranks
 def test_prepare_val_tokens_whole_documents_and_rerun(tmp_path):
     docs = _corpus(tmp_path / "c")
-    enc = D.gpt2_encoding(RANKS)
+    enc = Tok.gpt2_encoding(RANKS)
     out = tmp_path / "out"
     kw = dict(shard_size_tokens=64, val_tokens=150, text_field="body", progress=False, bpe_file=RANKS)
     prepare_corpus([tmp_path / "c"], out, **kw)
@@ -442,7 +444,7 @@ def test_prepare_bad_inputs(tmp_path, capsys):
 @needs_ranks
 def test_prepare_cli_subprocess(tmp_path):
     _corpus(tmp_path / "c")
-    code = "import sys; from mamba3_lite.data import prepare_cli; sys.exit(prepare_cli())"
+    code = "import sys; from mamba3_lite.cli import prepare_cli; sys.exit(prepare_cli())"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--include", "*.txt",
                         "--val-tokens", "20", "--shard-size-tokens", "500", "--quiet"], capture_output=True, text=True, env=env, cwd=ROOT)

@@ -11,6 +11,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from mamba3_lite import cli as CLI
+from mamba3_lite import config as Cfg
 from mamba3_lite import train as T
 from mamba3_lite.logger import read_metrics
 
@@ -18,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cfg_file(path, run_dir, micro_batch, parallel="ddp"):
-    cfg = T.config_from_dict({
+    cfg = Cfg.config_from_dict({
         "model": {"preset": "tiny", "vocab_size": 256},
         "data": {"dummy": True, "max_seq_len": 16, "shuffle": False},
         "training": dict(micro_batch_size=micro_batch, gradient_accumulation_steps=2, max_steps=4, warmup_steps=1,
                          lr=2e-3, eval_every=100, save_every=100, eval_batches=1, checkpoint_dir=str(run_dir),
                          log_every=1, num_threads=1, seed=5, parallel=parallel)})
-    path.write_text(yaml.safe_dump(T.config_to_dict(cfg)))
+    path.write_text(yaml.safe_dump(Cfg.config_to_dict(cfg)))
     return path
 
 

@@ -14,7 +14,6 @@ from mamba3_lite.model import (
     Mamba3Transformer,
     ModelConfig,
     closed_form_num_parameters,
-    flops_per_token,
     sample_next,
 )
 from mamba3_lite.ssd import SSDState, nmax, p95
@@ -69,7 +68,7 @@ def test_unknown_preset_and_bad_block_args():
     with pytest.raises(ValueError, match="cfg"):
         Mamba3Transformer({"d_model": 64})
     with pytest.raises(ValueError, match="seq_len"):
-        flops_per_token(ModelConfig(), 0)
+        ModelConfig().flops_per_token(0)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -95,7 +94,7 @@ def test_config_round_trips_through_a_dict():
 
 def test_flops_per_token_counts_the_ssd_extra():
     cfg = ModelConfig()
-    assert flops_per_token(cfg, 2048) == cfg.flops_per_token(2048) == 6 * 434_359_040 + 3 * 28 * 32 * 57_344
+    assert ModelConfig.flops_per_token(cfg, 2048) == cfg.flops_per_token(2048) == 6 * 434_359_040 + 3 * 28 * 32 * 57_344
     # short sequences use shorter chunks
     assert cfg.flops_per_token(16) < cfg.flops_per_token(2048)
 

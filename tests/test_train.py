@@ -17,6 +17,8 @@ import torch
 import yaml
 
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
+from mamba3_lite import cli as CLI
+from mamba3_lite import config as Cfg
 from mamba3_lite import train as T
 from mamba3_lite.logger import read_metrics
 
@@ -33,7 +35,7 @@ def tiny_cfg(run_dir, **training):
     t = dict(micro_batch_size=2, gradient_accumulation_steps=2, max_steps=8, warmup_steps=2, lr=3e-3, eval_every=100,
              save_every=2, eval_batches=1, checkpoint_dir=str(run_dir), log_every=1, num_threads=1, seed=3)
     t.update(training)
-    return T.config_from_dict({"model": {"preset": "tiny", "vocab_size": 256}, "data": {"dummy": True, "max_seq_len": 16},
+    return Cfg.config_from_dict({"model": {"preset": "tiny", "vocab_size": 256}, "data": {"dummy": True, "max_seq_len": 16},
                                "training": t})
 
 
@@ -84,7 +86,7 @@ def test_lr_schedule_key_values():
     with pytest.raises(ValueError, match="cosine"):
         T.lr_factor(3000, **ref, schedule="step")
     # the LambdaLR applies it to the optimizer and resumes from its state_dict alone
-    loop = T.LoopConfig(lr=3e-4, warmup_steps=10, max_steps=100, min_lr_ratio=0.1)
+    loop = Cfg.LoopConfig(lr=3e-4, warmup_steps=10, max_steps=100, min_lr_ratio=0.1)
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=loop.lr)
     s = T.build_scheduler(opt, loop)
     assert math.isclose(opt.param_groups[0]["lr"], 3e-6)
@@ -116,7 +118,7 @@ def test_accumulation_equivalence_2x8_vs_1x16():
 def test_nonfinite_step_is_skipped():
     m = tiny_model()
     opt = torch.optim.AdamW(m.param_groups(0.1), lr=1e-3)
-    sched = T.build_scheduler(opt, T.LoopConfig(warmup_steps=5, max_steps=10))
+    sched = T.build_scheduler(opt, Cfg.LoopConfig(warmup_steps=5, max_steps=10))
     before = [p.detach().clone() for p in m.parameters()]
     with torch.no_grad():
         m.embed.weight[0, 0] = float("nan")
@@ -168,7 +170,7 @@ def test_nan_guard_without_checkpoint_raises(tmp_path):
 
 
 def write_yaml(path, cfg):
-    path.write_text(yaml.safe_dump(T.config_to_dict(cfg)))
+    path.write_text(yaml.safe_dump(Cfg.config_to_dict(cfg)))
     return path
 
 
@@ -212,7 +214,7 @@ def test_explicit_resume_step_wins(tmp_path):
 
 
 def test_missing_data_is_an_error_but_dry_run_uses_dummy(tmp_path):
-    cfg = T.apply_overrides(tiny_cfg(tmp_path / "run"), {"data.dummy": False, "data.data_path": str(tmp_path / "nope")})
+    cfg = Cfg.apply_overrides(tiny_cfg(tmp_path / "run"), {"data.dummy": False, "data.data_path": str(tmp_path / "nope")})
     with pytest.raises(FileNotFoundError, match="nope"):
         T.run_training(cfg, log=QUIET)
     msgs = []
@@ -223,37 +225,37 @@ def test_missing_data_is_an_error_but_dry_run_uses_dummy(tmp_path):
 
 # -- config and CLI errors ---------------------------------------------------------------------------------
 def test_config_errors(tmp_path):
-    with pytest.raises(T.ConfigError, match=r"unknown key\(s\) \['lr_max'\].*valid keys: seed, lr"):
-        T.config_from_dict({"training": {"lr_max": 1.0}})
-    with pytest.raises(T.ConfigError, match=r"unknown key\(s\) \['chunksize'\] in section 'model'; valid keys: preset, vocab_size"):
-        T.config_from_dict({"model": {"chunksize": 64}})
-    with pytest.raises(T.ConfigError, match="training.max_steps must be int, got str"):
-        T.config_from_dict({"training": {"max_steps": "10"}})
-    with pytest.raises(T.ConfigError, match="training.max_steps must be int, got bool"):
-        T.config_from_dict({"training": {"max_steps": True}})
-    with pytest.raises(T.ConfigError, match=r"training.lr_schedule must be one of \['cosine', 'wsd'\]"):
-        T.config_from_dict({"training": {"lr_schedule": "step"}})
-    with pytest.raises(T.ConfigError, match="training.betas must be a list of 2"):
-        T.config_from_dict({"training": {"betas": [0.9]}})
-    with pytest.raises(T.ConfigError, match=r"unknown section\(s\) \['optim'\]"):
-        T.config_from_dict({"optim": {}})
+    with pytest.raises(Cfg.ConfigError, match=r"unknown key\(s\) \['lr_max'\].*valid keys: seed, lr"):
+        Cfg.config_from_dict({"training": {"lr_max": 1.0}})
+    with pytest.raises(Cfg.ConfigError, match=r"unknown key\(s\) \['chunksize'\] in section 'model'; valid keys: preset, vocab_size"):
+        Cfg.config_from_dict({"model": {"chunksize": 64}})
+    with pytest.raises(Cfg.ConfigError, match="training.max_steps must be int, got str"):
+        Cfg.config_from_dict({"training": {"max_steps": "10"}})
+    with pytest.raises(Cfg.ConfigError, match="training.max_steps must be int, got bool"):
+        Cfg.config_from_dict({"training": {"max_steps": True}})
+    with pytest.raises(Cfg.ConfigError, match=r"training.lr_schedule must be one of \['cosine', 'wsd'\]"):
+        Cfg.config_from_dict({"training": {"lr_schedule": "step"}})
+    with pytest.raises(Cfg.ConfigError, match="training.betas must be a list of 2"):
+        Cfg.config_from_dict({"training": {"betas": [0.9]}})
+    with pytest.raises(Cfg.ConfigError, match=r"unknown section\(s\) \['optim'\]"):
+        Cfg.config_from_dict({"optim": {}})
     p = tmp_path / "c.yaml"
     p.write_text("training:\n  lr: 3e-4\n  max_steps: 10\n")
-    c = T.load_config(p)
+    c = Cfg.load_config(p)
     assert c.training.lr == 3e-4 and c.training.max_steps == 10
-    assert T.config_from_dict(T.config_to_dict(c)) == c
+    assert Cfg.config_from_dict(Cfg.config_to_dict(c)) == c
     with pytest.raises(FileNotFoundError, match="missing.yaml"):
-        T.load_config(tmp_path / "missing.yaml")
+        Cfg.load_config(tmp_path / "missing.yaml")
 
 
 def test_shipped_configs_load():
-    big = T.load_config(ROOT / "configs" / "pretrain_a100_400m.yaml")
+    big = Cfg.load_config(ROOT / "configs" / "pretrain_a100_400m.yaml")
     t = big.training
     assert big.model == {"preset": "a100-400m", "chunk_size": 64, "ssd_dispatch": "triton", "grad_checkpoint": True}
     assert (t.lr, t.warmup_steps, t.min_lr_ratio, t.micro_batch_size, t.gradient_accumulation_steps) == (3e-4, 2000, 0.05, 16, 2)
     assert (big.data.max_seq_len, t.max_steps, t.betas, t.weight_decay, t.max_grad_norm) == (2048, 256_000, (0.9, 0.95), 0.1, 1.0)
     assert (t.log_every, t.save_every, t.compile, t.compile_mode, t.nan_guard_max_consecutive) == (50, 4000, True, "max-autotune", 5)
-    T.load_config(ROOT / "configs" / "tiny_cpu.yaml")
+    Cfg.load_config(ROOT / "configs" / "tiny_cpu.yaml")
 
 
 def run_cli(fn, argv):
@@ -268,31 +270,31 @@ def test_cli_user_errors_are_one_line(tmp_path):
     bad.write_text("training:\n  max_stepz: 3\n")
     for argv in (["--config", str(tmp_path / "none.yaml")], ["--config", str(bad)], [],
                  ["--config", str(bad), "--max-steps", "0"], ["--config", str(bad), "--set", "training.lr"]):
-        rc, out, err = run_cli(T.train_cli, argv)
+        rc, out, err = run_cli(CLI.train_cli, argv)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
-    rc, out, err = run_cli(T.train_cli, ["--config", str(bad)])
+    rc, out, err = run_cli(CLI.train_cli, ["--config", str(bad)])
     assert "max_stepz" in err and "valid keys" in err
-    rc, out, _ = run_cli(T.train_cli, ["--help"])
+    rc, out, _ = run_cli(CLI.train_cli, ["--help"])
     assert rc == 0 and all(f in out for f in ("--data-path", "--checkpoint-dir", "--resume", "--dry-run", "--no-compile",
-                                               "--no-checkpoint", "--max-steps", "--seed"))
-    rc, out, err = run_cli(T.eval_cli, ["--checkpoint-dir", str(tmp_path / "nothing"), "--data-path", str(tmp_path)])
+                                               "--no-grad-checkpoint", "--max-steps", "--seed"))
+    rc, out, err = run_cli(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "nothing"), "--data-path", str(tmp_path)])
     assert rc == 2 and "checkpoint directory not found" in err
-    rc, out, err = run_cli(T.generate_cli, ["--checkpoint-dir", str(tmp_path), "--prompt", "x"])
+    rc, out, err = run_cli(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path), "--prompt", "x"])
     assert rc == 2 and "no valid checkpoint" in err
 
 
-def test_cli_overrides_and_no_checkpoint(tmp_path):
+def test_cli_overrides_and_no_grad_checkpoint(tmp_path):
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(tmp_path / "run"))
-    a = T.train_parser().parse_args(["--config", str(f), "--no-checkpoint", "--no-compile", "--max-steps", "3",
+    a = CLI.train_parser().parse_args(["--config", str(f), "--no-grad-checkpoint", "--no-compile", "--max-steps", "3",
                                       "--set", "training.lr=1e-3", "--set", "model.chunk_size=8", "--seed", "9"])
-    cfg = T._cli_config(a)
+    cfg = CLI._cli_config(a)
     assert cfg.model["grad_checkpoint"] is False and cfg.training.compile is False
     assert (cfg.training.max_steps, cfg.training.lr, cfg.model["chunk_size"], cfg.training.seed) == (3, 1e-3, 8, 9)
 
 
 def _gpt2_available():
     try:
-        from mamba3_lite.data import gpt2_encoding
+        from mamba3_lite.tokenizer import gpt2_encoding
         gpt2_encoding()
         return True
     except Exception:
@@ -301,7 +303,7 @@ def _gpt2_available():
 
 @pytest.mark.skipif(not _gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 def test_cli_end_to_end_train_eval_generate(tmp_path):
-    from mamba3_lite.data import prepare_cli
+    from mamba3_lite.cli import prepare_cli
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(12):
@@ -309,17 +311,17 @@ def test_cli_end_to_end_train_eval_generate(tmp_path):
     assert run_cli(prepare_cli, [str(corpus), "--out", str(tmp_path / "tok"), "--val-fraction", "0.2",
                                  "--include", "*.txt", "--quiet"])[0] == 0
     cfg = tiny_cfg(tmp_path / "run", max_steps=4)
-    cfg = T.apply_overrides(cfg, {"model.vocab_size": 50257, "data.dummy": False})
+    cfg = Cfg.apply_overrides(cfg, {"model.vocab_size": 50257, "data.dummy": False})
     f = write_yaml(tmp_path / "c.yaml", cfg)
-    rc, out, err = run_cli(T.train_cli, ["--config", str(f), "--data-path", str(tmp_path / "tok")])
+    rc, out, err = run_cli(CLI.train_cli, ["--config", str(f), "--data-path", str(tmp_path / "tok")])
     assert rc == 0, err
     assert "done: steps 0->4" in out
-    rc, out, err = run_cli(T.eval_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--data-path", str(tmp_path / "tok"),
+    rc, out, err = run_cli(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--data-path", str(tmp_path / "tok"),
                                         "--batch-size", "2"])
     assert rc == 0, err
     vals = dict(kv.split("=") for kv in out.strip().replace(" ", "").split("|"))
     assert vals["step"] == "4" and 0 < float(vals["bits_per_byte"]) < 20 and float(vals["val_loss"]) < math.log(50257) + 1
-    rc, out, err = run_cli(T.generate_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--prompt", "def f1(x):",
+    rc, out, err = run_cli(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--prompt", "def f1(x):",
                                             "--max-new-tokens", "5", "--seed", "1"])
     assert rc == 0, err
     assert out.startswith("def f1(x):")

@@ -1,0 +1,1 @@
+"""The YAML training configs, shipped inside the package as `mamba3_lite.configs` (see setup.py)."""

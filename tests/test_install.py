@@ -1,0 +1,57 @@
+"""A non-editable install works outside a clone: build the wheel, install it into a fresh venv, run the
+console script from an empty directory (the packaged configs are found through importlib.resources)."""
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+from test_cli import _python_corpus, needs_ranks
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build_wheel(dest: Path) -> Path:
+    "The project's wheel, built from this tree without build isolation (setuptools and wheel come from this venv)."
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dest), str(REPO)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = dest.glob("mamba3_lite-*.whl")
+    return wheel
+
+
+def fresh_venv(root: Path) -> Path:
+    """A new venv whose own site-packages comes first and that sees this venv's site-packages after it (one .pth
+    line), so torch & co. need no second download; `.pth` files in that second directory (this checkout's editable
+    finder) are not processed, so `mamba3_lite` can only come from the wheel. Returns its python."""
+    venv.create(root, with_pip=False)
+    py = root / "bin" / "python"
+    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+    (site / "deps_from_dev_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return py
+
+
+def test_wheel_ships_the_configs(tmp_path):
+    names = zipfile.ZipFile(build_wheel(tmp_path)).namelist()
+    assert {"mamba3_lite/configs/tiny_cpu.yaml", "mamba3_lite/configs/pretrain_a100_400m.yaml"} <= set(names), names
+
+
+@needs_ranks
+def test_quickstart_from_a_wheel_in_an_empty_directory(tmp_path):
+    wheel = build_wheel(tmp_path / "dist")
+    py = fresh_venv(tmp_path / "venv")
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    empty = tmp_path / "empty"; empty.mkdir()
+    where = subprocess.check_output([str(py), "-c", "import mamba3_lite; print(mamba3_lite.__file__)"], cwd=empty, text=True)
+    assert str(tmp_path / "venv") in where, where                       # the installed copy, not this checkout
+    data = _python_corpus(tmp_path / "texts")                           # a small corpus keeps the run to seconds
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([str(py.parent / "mamba3-lite"), "quickstart", "--max-steps", "2", "--data-path", str(data), "--include", "*.py",
+                        "--val-tokens", "4096", "--max-new-tokens", "4"], cwd=empty, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "[quickstart] validation loss" in r.stdout
+    assert list(empty.rglob("meta_step_2.json"))                         # the run landed in the empty directory
