@@ -11,8 +11,8 @@
 #
 # Sections, in the order they run (caps in seconds, GPU / --cpu):
 #   env           25 /   60  versions, device, peers importable, measured copy bandwidth and bf16 matmul rate
-#   kernel_check  60 /  300  ssd_triton vs ssd_chunked at the 434M layer shape, fp32 and bf16, values + gradients
-#   kernel_bench 100 /  400  fwd and fwd+bwd at b16 T2048 H32 P64 N128 vs ssd_chunked eager, the official
+#   kernel_check  80 /  300  ssd_triton vs ssd_chunked at the 434M layer shape, fp32 and bf16, values + gradients
+#   kernel_bench  90 /  400  fwd and fwd+bwd at b16 T2048 H32 P64 N128 vs ssd_chunked eager, the official
 #                            mamba3_siso_combined and fla chunk_simple_gla; GB/s, TFLOP/s, % of roofline
 #   model         80 /  300  434M fwd+bwd tokens/s, MFU, peak memory, bf16, Triton SSD, 16 x 2048, with and
 #                            without gradient checkpointing (then the PyTorch SSD, if time is left)
@@ -40,7 +40,7 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 die_usage() { echo "gpu_suite.sh: $*" >&2; exit 2; }
 ORDER=(env kernel_check kernel_bench model train_step e2e_smoke kernel_sweep gpu_cells)
 ONLY_ON_REQUEST=(kernel_sweep gpu_cells)
-declare -A CAP_GPU=([env]=25 [kernel_check]=60 [kernel_bench]=100 [model]=80 [train_step]=100 [e2e_smoke]=150
+declare -A CAP_GPU=([env]=25 [kernel_check]=80 [kernel_bench]=90 [model]=80 [train_step]=100 [e2e_smoke]=150
                     [kernel_sweep]=240 [gpu_cells]=120)
 declare -A CAP_CPU=([env]=60 [kernel_check]=300 [kernel_bench]=400 [model]=300 [train_step]=300 [e2e_smoke]=900
                     [kernel_sweep]=0 [gpu_cells]=0)
@@ -125,7 +125,7 @@ echo "$PEERS_NOTE"
 report() {
   "$PYTHON" bench/suite_report.py "$WORK" "$OUT" "$TITLE; $PEERS_NOTE" || echo "gpu_suite.sh: suite_report.py failed" >&2
   tar czf "$OUT/logs.tgz" -C "$WORK" --exclude=./site . 2>/dev/null
-  if (( $(stat -c %s "$OUT/logs.tgz") > 15 * 2**20 )); then
+  if [[ -f "$OUT/logs.tgz" ]] && (( $(stat -c %s "$OUT/logs.tgz") > 15 * 2**20 )); then
     tar czf "$OUT/logs.tgz" -C "$WORK" --exclude=./site --exclude='*.log' .   # the device tool returns <= 16 MiB a file
   fi
 }
