@@ -73,6 +73,8 @@ def ipython_stand_in():
     disp.Image = type("Image", (), {"__init__": lambda self, filename=None, **kw: setattr(self, "filename", filename),
                                     "__repr__": lambda self: f"<Image {self.filename}>"})
     pkg.display = disp
+    pkg.version_info = (8, 24, 0, "stand-in")   # matplotlib leaves an IPython >= 8.24 alone (no backend hooks)
+    pkg.get_ipython = lambda: None              # and, finding no shell, installs no display hook
     sys.modules.update({"IPython": pkg, "IPython.display": disp})
 
 

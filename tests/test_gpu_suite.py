@@ -158,3 +158,18 @@ def test_gpu_cells_runs_and_names_the_failing_cell(tmp_path):
     assert "x is not 3" in r.stdout and "1/2 notebooks passed" in r.stdout
     res = json.loads((tmp_path / "gpu_cells.json").read_text())["results"]
     assert [x["ok"] for x in res] == [True, False]
+
+
+def test_gpu_cells_without_ipython(tmp_path):
+    "IPython missing (an `IPython` that fails to import): the stand-in display runs, and matplotlib still makes figures."
+    (tmp_path / "block").mkdir()
+    (tmp_path / "block" / "IPython.py").write_text("raise ImportError('no IPython here')\n")
+    nb = notebook(tmp_path / "fig.ipynb", ["import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt",
+                                           "from IPython.display import Image, display\nfig = plt.figure()\n"
+                                           "display(Image(filename='x.png'))\nassert fig is not None"])
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "block"))
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_cells.py"), str(nb), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = json.loads((tmp_path / "gpu_cells.json").read_text())["results"][0]["log_tail"]
+    assert "IPython not installed; IPython.display replaced by a stand-in" in log and "<Image x.png>" in log, log
