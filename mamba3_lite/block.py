@@ -118,8 +118,9 @@ class SSDInputs(NamedTuple):
     z: torch.Tensor       # (b,T,H,P) gate
 
 
+# %% ../nbs/02_block.ipynb #fa88ec98
 class Mamba3Block(nn.Module):
-    "The Mamba-3 mixer (spec §2): in_proj -> Δ, A, λ, BC-norm, angles -> SSD -> gate -> out_proj."
+    "The Mamba-3 mixer: in_proj -> Δ, A, λ, BC-norm, angles -> SSD -> gate -> out_proj."
     def __init__(self, d_model: int, d_state: int = 128, expand: int = 2, headdim: int = 64, ngroups: int = 1,
                  rope_fraction: float = 0.5, is_mimo: bool = False, mimo_rank: int = 4, chunk_size: int = 64,
                  ssd_dispatch: str = "pytorch", grad_checkpoint: bool = False, outproj_norm: bool = False,
@@ -164,7 +165,7 @@ class Mamba3Block(nn.Module):
         return self.chunk_size // self.rank
 
     def reset_parameters(self):
-        "Spec §2.2 initialisation (the LM rescales out_proj afterwards)."
+        "The initialisation of the table above (the LM rescales out_proj afterwards)."
         self.in_proj.reset_parameters()
         self.out_proj.reset_parameters()
         init_dt_bias(self.dt_bias, self.dt_min, self.dt_max, self.dt_init_floor)

@@ -35,7 +35,7 @@ class DataConfig:
     "Where the packed GPT-2 tokens are and how they are cut into windows."
     data_path: str = "data/pretrain_data.bin"  # a prepared corpus (file or directory) from `mamba3-lite prepare`
     max_seq_len: int = 2048  # tokens per training window (targets are the window shifted by one)
-    shuffle: bool = True  # (seed, epoch)-shuffled window order; False scans windows in file order (the reference)
+    shuffle: bool = True  # (seed, epoch)-shuffled window order; False scans windows in file order
     dummy: bool = False  # use random tokens instead of a corpus (only for wiring checks; says so loudly)
 
 

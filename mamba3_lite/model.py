@@ -79,30 +79,33 @@ class ModelConfig:
             require(key in fields, key, f"not a ModelConfig field (fields: {sorted(fields)})")
         return cls(**{**PRESETS[name], **overrides})
 
-    def mixer_kwargs(self) -> dict:
-        "Keyword arguments for Mamba3Block."
-        return dict(d_state=self.d_state, expand=self.expand, headdim=self.headdim, ngroups=self.ngroups,
-                    rope_fraction=self.rope_fraction, is_mimo=self.is_mimo, mimo_rank=self.mimo_rank,
-                    chunk_size=self.chunk_size, ssd_dispatch=self.ssd_dispatch, outproj_norm=self.outproj_norm,
-                    dt_min=self.dt_min, dt_max=self.dt_max, dt_init_floor=self.dt_init_floor, a_floor=self.a_floor,
-                    norm_eps=self.norm_eps)
 
+# %% ../nbs/03_model.ipynb #49ffe8bb
+@patch
+def mixer_kwargs(self: ModelConfig) -> dict:
+    "Keyword arguments for Mamba3Block."
+    return dict(d_state=self.d_state, expand=self.expand, headdim=self.headdim, ngroups=self.ngroups,
+                rope_fraction=self.rope_fraction, is_mimo=self.is_mimo, mimo_rank=self.mimo_rank,
+                chunk_size=self.chunk_size, ssd_dispatch=self.ssd_dispatch, outproj_norm=self.outproj_norm,
+                dt_min=self.dt_min, dt_max=self.dt_max, dt_init_floor=self.dt_init_floor, a_floor=self.a_floor,
+                norm_eps=self.norm_eps)
 
+# %% ../nbs/03_model.ipynb #d923e11a
 _TINY = dict(vocab_size=50257, d_model=64, n_layers=4, d_ff=192, d_state=32, expand=2, headdim=16, chunk_size=16)
 PRESETS = {
-    # spec §5.2: the CPU test model; every SSD dim >= 16 so the Triton kernel runs on it too
+    # the CPU test model; every SSD dim >= 16 so the Triton kernel runs on it too
     "tiny": _TINY,
     # its rank-2 MIMO twin (chunk of 32 rows = 16 tokens)
     "tiny-mimo": {**_TINY, "is_mimo": True, "mimo_rank": 2, "chunk_size": 32},
-    # spec §5.1: the ~434M production model
+    # the ~434M production model
     "a100-400m": {},
-    # spec §5.1 neighbouring table: MIMO R = 4 with d_ff = 1984 lands at the same size (chunk 64 rows = 16 tokens)
+    # its MIMO sibling: R = 4 with d_ff = 1984 lands at the same size (chunk 64 rows = 16 tokens)
     "a100-400m-mimo": {"is_mimo": True, "mimo_rank": 4, "d_ff": 1984},
 }
 
 # %% ../nbs/03_model.ipynb #4ed29770
 def parameter_breakdown(cfg: ModelConfig) -> dict:
-    "Closed-form parameter counts (spec §5), item by item."
+    "Closed-form parameter counts, item by item."
     d, d_in, H, N, P, G, R, S = (cfg.d_model, cfg.d_inner, cfg.n_heads, cfg.d_state, cfg.headdim, cfg.ngroups,
                                  cfg.rank, cfg.n_angles)
     c = {"in_proj": d * (2 * d_in + 2 * R * G * N + 3 * H + S), "out_proj": d_in * d,
@@ -210,6 +213,7 @@ class TiedLMHead(nn.Module):
         return f"tied to embed.weight {tuple(self.weight.shape)}"
 
 
+# %% ../nbs/03_model.ipynb #7df38e6e
 class Mamba3Transformer(nn.Module):
     "embedding -> n_layers x Mamba3Layer -> RMSNorm -> tied LM head."
     def __init__(self, cfg: ModelConfig):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from fastcore.basics import patch
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -160,6 +162,7 @@ class TrainStream:
         self._it = iter(self.sampler)
 
 
+# %% ../nbs/11_train.ipynb #ee06eb50
 def _use_dummy(config: TrainingConfig, log) -> bool:
     d = config.data
     if d.dummy:
@@ -248,6 +251,7 @@ def keep_freed_memory_in_heap() -> bool:
 MAX_ROLLBACKS_PER_CHECKPOINT = 3  # the same data replays after a rollback: a deterministic blow-up must not loop forever
 
 
+# %% ../nbs/11_train.ipynb #24d26b50
 class Pretrainer:
     "One training run described by a `TrainingConfig`; `train()` runs it."
     def __init__(self, config: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None):
@@ -301,136 +305,149 @@ class Pretrainer:
         if self.env.is_main:
             self._print(msg)
 
-    # -- checkpoints --------------------------------------------------------------------------------
-    def save_checkpoint(self, tag: str = ""):
-        "Write a checkpoint of the current step (rank 0 writes; every rank takes part under FSDP)."
-        positions = [self.train_stream.state_dict()]
-        if self.env.world_size > 1:
-            positions = [None] * self.env.world_size
-            dist.all_gather_object(positions, self.train_stream.state_dict())
-        state = full_model_state(self.raw_model, self.sharded)
-        optim = FrozenState(FullOptimState(self.raw_model, self.optimizer, self.sharded).state_dict())
-        if self.env.is_main:
-            extra = {"scheduler": self.scheduler.state_dict(), "data_position": positions,
-                     "tokens_seen": self.tokens_seen, "config": config_to_dict(self.config),
-                     "tag": tag or f"step_{self.step}",
-                     "evals": [e for e in self.evals if e["step"] <= self.step]}
-            self.ckpt.save(self.raw_model, optim, self.step, extra_meta=extra, state_dict=state)
-        if self.env.world_size > 1:
-            dist.barrier()
+# %% ../nbs/11_train.ipynb #35a55bc0
+@patch
+def save_checkpoint(self: Pretrainer, tag: str = ""):
+    "Write a checkpoint of the current step (rank 0 writes; every rank takes part under FSDP)."
+    positions = [self.train_stream.state_dict()]
+    if self.env.world_size > 1:
+        positions = [None] * self.env.world_size
+        dist.all_gather_object(positions, self.train_stream.state_dict())
+    state = full_model_state(self.raw_model, self.sharded)
+    optim = FrozenState(FullOptimState(self.raw_model, self.optimizer, self.sharded).state_dict())
+    if self.env.is_main:
+        extra = {"scheduler": self.scheduler.state_dict(), "data_position": positions,
+                 "tokens_seen": self.tokens_seen, "config": config_to_dict(self.config),
+                 "tag": tag or f"step_{self.step}",
+                 "evals": [e for e in self.evals if e["step"] <= self.step]}
+        self.ckpt.save(self.raw_model, optim, self.step, extra_meta=extra, state_dict=state)
+    if self.env.world_size > 1:
+        dist.barrier()
 
-    def load_checkpoint(self, step: int) -> int:
-        "Restore weights, optimizer, schedule, data position and RNG of checkpoint `step`; return the step."
+@patch
+def load_checkpoint(self: Pretrainer, step: int) -> int:
+    "Restore weights, optimizer, schedule, data position and RNG of checkpoint `step`; return the step."
 
-        target = FullModelView(self.raw_model) if self.sharded else self.raw_model
-        meta = self.ckpt.load(target, step, device=str(self.env.device),
-                              optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded), strict=True)
-        self.scheduler.load_state_dict(meta["scheduler"])
-        positions = meta["data_position"]
-        if len(positions) != self.env.world_size:
-            raise ValueError(f"checkpoint step {step} was written by {len(positions)} rank(s); this run has "
-                             f"{self.env.world_size} — the data position cannot be continued exactly")
-        self.train_stream.load_state_dict(positions[self.env.rank])
-        self.tokens_seen = meta.get("tokens_seen", 0)
-        self.evals = [e for e in meta.get("evals", []) if e["step"] <= step]
-        restore_rng_state(meta["rng"])
+    target = FullModelView(self.raw_model) if self.sharded else self.raw_model
+    meta = self.ckpt.load(target, step, device=str(self.env.device),
+                          optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded), strict=True)
+    if "data_position" not in meta:   # weights only, e.g. written by `mamba3-lite import`
+        self.log(f"[resume] checkpoint step {step} holds weights only: optimizer, schedule and data order start fresh")
         self.step = meta["step"]
         return self.step
+    self.scheduler.load_state_dict(meta["scheduler"])
+    positions = meta["data_position"]
+    if len(positions) != self.env.world_size:
+        raise ValueError(f"checkpoint step {step} was written by {len(positions)} rank(s); this run has "
+                         f"{self.env.world_size} — the data position cannot be continued exactly")
+    self.train_stream.load_state_dict(positions[self.env.rank])
+    self.tokens_seen = meta.get("tokens_seen", 0)
+    self.evals = [e for e in meta.get("evals", []) if e["step"] <= step]
+    restore_rng_state(meta["rng"])
+    self.step = meta["step"]
+    return self.step
 
-    def _from_rank0(self, value):
-        "Rank 0's `value` on every rank (so all ranks resume / roll back to the same step)."
-        if self.env.world_size > 1:
-            box = [value]
-            dist.broadcast_object_list(box, src=0)
-            return box[0]
-        return value
+@patch
+def _from_rank0(self: Pretrainer, value):
+    "Rank 0's `value` on every rank (so all ranks resume / roll back to the same step)."
+    if self.env.world_size > 1:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
 
-    # -- evaluation and the loop ----------------------------------------------------------------------
-    def evaluate(self) -> dict:
-        "Validation loss/ppl at the current step (recorded in `self.evals` and the logger)."
-        r = evaluate(self.raw_model, self.val_batches(), self.autocast_dtype)
-        r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"]}
-        self.evals.append(r)
+# %% ../nbs/11_train.ipynb #30fa9645
+@patch
+def evaluate(self: Pretrainer) -> dict:
+    "Validation loss/ppl at the current step (recorded in `self.evals` and the logger)."
+    r = evaluate(self.raw_model, self.val_batches(), self.autocast_dtype)
+    r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"]}
+    self.evals.append(r)
+    if self.logger is not None:
+        self.logger.log_eval(self.step, r["loss"], split="val")
+    else:
+        self.log(f"eval step={self.step:>7} | loss={r['loss']:.4f} | ppl={r['ppl']:.2f}")
+    return r
+
+@patch
+def _make_logger(self: Pretrainer):
+
+    t, dev = self.config.training, self.env.device
+    peak = peak_flops_for(torch.cuda.get_device_name(dev)) * self.env.world_size if dev.type == "cuda" else 0.0
+    return TrainingLogger(self.run_dir, log_every=t.log_every, total_steps=t.max_steps, start_step=self.step,
+                          flops_per_token=self.model_config.flops_per_token(self.config.data.max_seq_len),
+                          device=dev, peak_flops=peak, config=config_to_dict(self.config))
+
+@patch
+def _rollback(self: Pretrainer, streak: int):
+    latest = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
+    if latest is None:
+        raise RuntimeError(f"NaN guard: {streak} consecutive non-finite steps and no valid checkpoint in "
+                           f"{self.run_dir} to restore; lower training.lr or check the data")
+    self._rollbacks[latest] = self._rollbacks.get(latest, 0) + 1
+    if self._rollbacks[latest] > MAX_ROLLBACKS_PER_CHECKPOINT:
+        raise RuntimeError(f"NaN guard: rolled back to checkpoint step {latest} {MAX_ROLLBACKS_PER_CHECKPOINT} "
+                           "times and the run still diverges after it; lower training.lr or check the data")
+    self.log(f"[nan-guard] {streak} consecutive non-finite steps; restoring checkpoint step {latest}")
+    self.load_checkpoint(latest)
+
+# %% ../nbs/11_train.ipynb #8c55b97c
+@patch
+def train(self: Pretrainer) -> dict:
+    "Run (or continue) training to `max_steps`; return a summary dict."
+    t0 = time.time()
+    start = self.resume_step
+    if start is None and not self.config.training.dry_run:  # a dry run always starts fresh
+        start = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
+    if start is not None:
+        self.load_checkpoint(start)
+        self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
+    if self.env.is_main:
+        self.logger = self._make_logger()
+    try:
+        return self._loop(start is not None, t0)
+    finally:
         if self.logger is not None:
-            self.logger.log_eval(self.step, r["loss"], split="val")
-        else:
-            self.log(f"eval step={self.step:>7} | loss={r['loss']:.4f} | ppl={r['ppl']:.2f}")
-        return r
+            self.logger.close()
 
-    def _make_logger(self):
-
-        t, dev = self.config.training, self.env.device
-        peak = peak_flops_for(torch.cuda.get_device_name(dev)) * self.env.world_size if dev.type == "cuda" else 0.0
-        return TrainingLogger(self.run_dir, log_every=t.log_every, total_steps=t.max_steps, start_step=self.step,
-                              flops_per_token=self.model_config.flops_per_token(self.config.data.max_seq_len),
-                              device=dev, peak_flops=peak, config=config_to_dict(self.config))
-
-    def _rollback(self, streak: int):
-        latest = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
-        if latest is None:
-            raise RuntimeError(f"NaN guard: {streak} consecutive non-finite steps and no valid checkpoint in "
-                               f"{self.run_dir} to restore; lower training.lr or check the data")
-        self._rollbacks[latest] = self._rollbacks.get(latest, 0) + 1
-        if self._rollbacks[latest] > MAX_ROLLBACKS_PER_CHECKPOINT:
-            raise RuntimeError(f"NaN guard: rolled back to checkpoint step {latest} {MAX_ROLLBACKS_PER_CHECKPOINT} "
-                               "times and the run still diverges after it; lower training.lr or check the data")
-        self.log(f"[nan-guard] {streak} consecutive non-finite steps; restoring checkpoint step {latest}")
-        self.load_checkpoint(latest)
-
-    def train(self) -> dict:
-        "Run (or continue) training to `max_steps`; return a summary dict."
-        t0 = time.time()
-        start = self.resume_step
-        if start is None and not self.config.training.dry_run:  # a dry run always starts fresh
-            start = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
-        if start is not None:
-            self.load_checkpoint(start)
-            self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
-        if self.env.is_main:
-            self.logger = self._make_logger()
-        try:
-            return self._loop(start is not None, t0)
-        finally:
-            if self.logger is not None:
-                self.logger.close()
-
-    def _loop(self, resumed: bool, t0: float) -> dict:
-        t = self.config.training
-        if not resumed and t.eval_at_start:
-            self.evaluate()
-        first_step, streak = self.step, 0
-        last_eval, last_save = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
-        while self.step < t.max_steps:
-            batches = [self.train_stream.next_batch() for _ in range(t.gradient_accumulation_steps)]
-            r = train_step(self.model, self.optimizer, batches, scheduler=self.scheduler,
-                           max_grad_norm=t.max_grad_norm, autocast_dtype=self.autocast_dtype, sync=self._sync)
-            if self.logger is not None:
-                self.logger.log(self.step + (not r.skipped), r.loss, r.lr, tokens=self.tokens_per_step,
-                                grad_norm=r.grad_norm if math.isfinite(r.grad_norm) else None, skipped=r.skipped)
-            if r.skipped:
-                streak += 1
-                self.log(f"[nan-guard] step {self.step + 1} skipped: loss={r.loss} grad_norm={r.grad_norm} "
-                         f"({streak}/{t.nan_guard_max_consecutive} in a row)")
-                if streak >= t.nan_guard_max_consecutive:
-                    self._rollback(streak)
-                    streak = 0
-                    last_eval = self.evals[-1]["step"] if self.evals else -1
-                continue
-            streak = 0
-            self.step += 1
-            self.tokens_seen += self.tokens_per_step
-            if self.step % t.eval_every == 0:
-                self.evaluate(); last_eval = self.step
-            if self.step % t.save_every == 0:
-                self.save_checkpoint(); last_save = self.step
-        if last_eval != self.step:
-            self.evaluate()
-        if last_save != self.step:
-            self.save_checkpoint(tag="final")
-        return {"run_dir": str(self.run_dir), "first_step": first_step, "final_step": self.step,
-                "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
-                "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
-                "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
+@patch
+def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
+    t = self.config.training
+    if not resumed and t.eval_at_start:
+        self.evaluate()
+    first_step, streak = self.step, 0
+    last_eval, last_save = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
+    while self.step < t.max_steps:
+        batches = [self.train_stream.next_batch() for _ in range(t.gradient_accumulation_steps)]
+        r = train_step(self.model, self.optimizer, batches, scheduler=self.scheduler,
+                       max_grad_norm=t.max_grad_norm, autocast_dtype=self.autocast_dtype, sync=self._sync)
+        if self.logger is not None:
+            self.logger.log(self.step + (not r.skipped), r.loss, r.lr, tokens=self.tokens_per_step,
+                            grad_norm=r.grad_norm if math.isfinite(r.grad_norm) else None, skipped=r.skipped)
+        if r.skipped:
+            streak += 1
+            self.log(f"[nan-guard] step {self.step + 1} skipped: loss={r.loss} grad_norm={r.grad_norm} "
+                     f"({streak}/{t.nan_guard_max_consecutive} in a row)")
+            if streak >= t.nan_guard_max_consecutive:
+                self._rollback(streak)
+                streak = 0
+                last_eval = self.evals[-1]["step"] if self.evals else -1
+            continue
+        streak = 0
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        if self.step % t.eval_every == 0:
+            self.evaluate(); last_eval = self.step
+        if self.step % t.save_every == 0:
+            self.save_checkpoint(); last_save = self.step
+    if last_eval != self.step:
+        self.evaluate()
+    if last_save != self.step:
+        self.save_checkpoint(tag="final")
+    return {"run_dir": str(self.run_dir), "first_step": first_step, "final_step": self.step,
+            "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
+            "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
+            "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
 
 # %% ../nbs/11_train.ipynb #71e16f11
 def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:

@@ -21,24 +21,10 @@ import torch
 
 from mamba3_lite.checkpoint import (CheckpointCorruptError, CheckpointManager, CheckpointWarning, capture_rng_state,
                                     restore_rng_state)
+from mamba3_lite.testing import TiedLM
 
 REPO = Path(__file__).resolve().parents[1]
 KILL_TRIALS = int(os.environ.get("CKPT_KILL_TRIALS", "24"))
-
-
-class TiedLM(torch.nn.Module):
-    "embed → mix → lm_head with lm_head.weight tied to embed.weight (the LM's tying, in miniature)."
-
-    def __init__(self, vocab=64, d=16, tie=True):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, d)
-        self.mix = torch.nn.Linear(d, d)
-        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
-        if tie:
-            self.lm_head.weight = self.embed.weight
-
-    def forward(self, ids):  # (b, T) -> (b, T, vocab)
-        return self.lm_head(torch.tanh(self.mix(self.embed(ids))))
 
 
 def model_and_opt(vocab=64, d=16, tie=True):
@@ -257,7 +243,7 @@ def test_no_checkpoint(tmp_path):
     mgr = CheckpointManager(tmp_path / "absent")
     assert mgr.latest_step() is None and mgr.list_steps() == []
     with pytest.raises(FileNotFoundError, match="meta_step_3.json"):
-        mgr.load(TiedLM(), 3)
+        mgr.load(TiedLM(64, 16), 3)
     (tmp_path / "f").write_text("x")
     with pytest.raises(NotADirectoryError):
         CheckpointManager(tmp_path / "f")
@@ -285,13 +271,13 @@ def test_untied_model_reads_tied_file_and_back(tmp_path):
     mgr = CheckpointManager(tmp_path)
     m, _ = model_and_opt()
     mgr.save(m, None, 1)
-    u = TiedLM(tie=False)
+    u = TiedLM(64, 16, tie=False)
     mgr.load(u, 1)
     assert torch.equal(u.embed.weight, m.embed.weight) and torch.equal(u.lm_head.weight, m.embed.weight)
     with torch.no_grad():
         u.lm_head.weight.add_(1)
     mgr.save(u, None, 2)
-    t = TiedLM()
+    t = TiedLM(64, 16)
     with pytest.warns(CheckpointWarning, match="differ in the file"):
         mgr.load(t, 2)
 
@@ -303,7 +289,7 @@ def test_strict_and_lenient(tmp_path):
 
     class Extra(TiedLM):
         def __init__(self):
-            super().__init__()
+            super().__init__(64, 16)
             self.extra = torch.nn.Linear(2, 2)
 
     class Fewer(torch.nn.Module):
@@ -330,7 +316,7 @@ def test_compiled_module_saves_plain_keys(tmp_path):
     assert keys == set(m.state_dict()) and not any("_orig_mod" in k for k in keys)
     mgr.save(None, opt, 2, state_dict=cm.state_dict())  # an explicit compiled state_dict is stripped too
     assert set(safetensors.torch.load_file(tmp_path / "model_step_2.safetensors")) == keys
-    c2 = torch.compile(TiedLM())
+    c2 = torch.compile(TiedLM(64, 16))
     mgr.load(c2, 1)
     assert torch.equal(c2._orig_mod.mix.weight, m.mix.weight)
 
@@ -404,7 +390,7 @@ def test_rng_saved_by_checkpoint_resumes_exactly(tmp_path):
     expect = (torch.rand(3).tolist(), np.random.rand(2).tolist())
     torch.rand(100)
     np.random.rand(7)
-    restore_rng_state(mgr.load(TiedLM(), 1)["rng"])
+    restore_rng_state(mgr.load(TiedLM(64, 16), 1)["rng"])
     assert (torch.rand(3).tolist(), np.random.rand(2).tolist()) == expect
 
 

@@ -18,7 +18,7 @@ def run(args, env=None, cwd=None, timeout=600):
 def test_help_lists_every_command():
     r = run(["--help"])
     assert r.returncode == 0, r.stderr
-    for name in ("quickstart", "prepare", "train", "eval", "generate", "install-tokenizer"):
+    for name in ("quickstart", "prepare", "train", "eval", "generate", "export", "import", "install-tokenizer"):
         assert name in r.stdout
 
 

@@ -1,4 +1,4 @@
-"""The full CPU case grid of issue 3 for `ssd_triton` (Triton interpreter via conftest, fp32, ieee dots): outputs
+"""The full CPU case grid for `ssd_triton` (Triton interpreter via conftest, fp32, ieee dots): outputs
 and final states vs `ssd_chunked` (nmax <= 1e-4) and every input gradient vs autograd through `ssd_chunked`
 (nmax <= 1e-3), for T in {1, 15, 16, 17, 50, 130}, chunk sizes 16 and 32, with and without an initial state and
 theta; other block dims; bad dims raise. bf16 runs only on a GPU."""
@@ -13,41 +13,7 @@ import torch
 
 from mamba3_lite.ssd import SSDState, angle_err, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state
 from mamba3_lite.ssd_triton import _check_block_dims, ssd_triton
-
-
-def case(T, S, init, seed, b=2, H=2, P=16, N=32, per_head_theta=False):
-    kw = ssd_random_inputs(b=b, T=T, H=H, P=P, N=N, S=S, dtype=torch.float32, seed=seed, per_head_theta=per_head_theta)
-    if S == 0:
-        kw["theta"] = None
-    state = ssd_random_state(b=b, H=H, P=P, N=N, S=S, dtype=torch.float32, seed=seed + 1) if init else None
-    return kw, state
-
-
-def run_with_grads(fn, kw, state, chunk_size, seed=0):
-    """(y, final SSDState, {name: gradient}) for a random linear functional of (y, all final states)."""
-    leaf = lambda t: None if t is None else t.detach().clone().requires_grad_(True)
-    ins = {k: leaf(v) for k, v in kw.items()}
-    st = None if state is None else SSDState(*(leaf(t) for t in state))
-    y, out = fn(**ins, initial_state=st, chunk_size=chunk_size)
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    sum((o.float() * torch.randn(o.shape, generator=g).to(o.device)).sum() for o in (y, *out) if o.numel()).backward()
-    named = {**ins, **({} if st is None else {f"state.{k}": v for k, v in st._asdict().items()})}
-    return y.detach(), SSDState(*(t.detach() for t in out)), {k: v.grad for k, v in named.items() if v is not None and v.numel()}
-
-
-def grads(fn, kw, state, chunk_size, seed=0):
-    """{name: gradient} of a random linear functional of (y, all final states) w.r.t. every tensor input."""
-    return run_with_grads(fn, kw, state, chunk_size, seed)[2]
-
-
-def assert_grads_close(g_tri, g_ref, tol):
-    assert sorted(g_tri) == sorted(g_ref)
-    for name, r in g_ref.items():
-        a = g_tri[name]
-        if r is None or not r.abs().max() > 0:   # e.g. dA at T=1 without a state: exactly zero on both paths
-            assert a is None or a.abs().max() == 0, name
-            continue
-        assert a is not None and nmax(a, r) <= tol, (name, None if a is None else nmax(a, r))
+from mamba3_lite.testing import assert_grads_close, ssd_case, ssd_grads, ssd_run_with_grads
 
 
 CASES = [(T, L, init, S) for T in (1, 15, 16, 17, 50, 130) for L in (16, 32) for init in (False, True) for S in (0, 4)]
@@ -55,9 +21,9 @@ CASES = [(T, L, init, S) for T in (1, 15, 16, 17, 50, 130) for L in (16, 32) for
 
 @pytest.mark.parametrize("T,L,init,S", CASES)
 def test_outputs_states_and_every_gradient_match_ssd_chunked(T, L, init, S):
-    kw, state = case(T, S, init, seed=1000 * T + 10 * L + 2 * init + S)
-    y, st, g_tri = run_with_grads(ssd_triton, kw, state, L)
-    y_ref, st_ref, g_ref = run_with_grads(ssd_chunked, kw, state, L)
+    kw, state = ssd_case(T, S, init, seed=1000 * T + 10 * L + 2 * init + S)
+    y, st, g_tri = ssd_run_with_grads(ssd_triton, kw, state, chunk_size=L)
+    y_ref, st_ref, g_ref = ssd_run_with_grads(ssd_chunked, kw, state, chunk_size=L)
     assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
     assert nmax(y, y_ref) <= 1e-4
     for name, a, r in zip(SSDState._fields, st, st_ref):
@@ -68,18 +34,18 @@ def test_outputs_states_and_every_gradient_match_ssd_chunked(T, L, init, S):
 
 
 def test_per_head_theta_and_per_head_A():
-    kw, state = case(45, 8, True, seed=3, per_head_theta=True)
+    kw, state = ssd_case(45, 8, True, seed=3, per_head_theta=True)
     kw["A"] = kw["A"][0, 0].clone()   # (H,)
-    assert_grads_close(grads(ssd_triton, kw, state, 16), grads(ssd_chunked, kw, state, 16), 1e-3)
+    assert_grads_close(ssd_grads(ssd_triton, kw, state, chunk_size=16), ssd_grads(ssd_chunked, kw, state, chunk_size=16), 1e-3)
 
 
 @pytest.mark.parametrize("P,N,L", [(16, 16, 16), (32, 64, 32)])
 def test_other_block_dims(P, N, L):
-    kw, state = case(40, min(4, N // 2), True, seed=P + N, P=P, N=N)
+    kw, state = ssd_case(40, min(4, N // 2), True, seed=P + N, P=P, N=N)
     y_ref, st_ref = ssd_chunked(**kw, initial_state=state, chunk_size=L)
     y, st = ssd_triton(**kw, initial_state=state, chunk_size=L)
     assert nmax(y, y_ref) <= 1e-4 and nmax(st.h, st_ref.h) <= 1e-4
-    assert_grads_close(grads(ssd_triton, kw, state, L), grads(ssd_chunked, kw, state, L), 1e-3)
+    assert_grads_close(ssd_grads(ssd_triton, kw, state, chunk_size=L), ssd_grads(ssd_chunked, kw, state, chunk_size=L), 1e-3)
 
 
 @pytest.mark.parametrize("P,N,L,bad", [(24, 32, 16, "P (headdim)=24"), (16, 512, 16, "N (d_state)=512"),
@@ -88,7 +54,7 @@ def test_bad_block_dims_raise(P, N, L, bad):
     with pytest.raises(ValueError, match='ssd_dispatch="pytorch"') as err:
         _check_block_dims(P, N, L)
     assert bad in str(err.value)
-    kw, _ = case(5, 0, False, seed=0, P=P, N=N)
+    kw, _ = ssd_case(5, 0, False, seed=0, P=P, N=N)
     with pytest.raises(ValueError) as err:
         ssd_triton(**kw, chunk_size=L)
     assert bad in str(err.value)
@@ -99,7 +65,7 @@ def test_shared_bc_groups_and_bias(G, bias):
     """Extension: B, C (b, T, G, N) shared by H/G heads, plus optional per-head biases, against ssd_chunked on the
     per-head tensors; gradients of the shared B/C and of the biases through autograd."""
     H = 4
-    kw, state = case(37, 4, True, seed=40 + G, H=H)
+    kw, state = ssd_case(37, 4, True, seed=40 + G, H=H)
     g = torch.Generator().manual_seed(G)
     shared = dict(kw, B=torch.randn(2, 37, G, 32, generator=g), C=torch.randn(2, 37, G, 32, generator=g))
     if bias:
@@ -114,11 +80,11 @@ def test_shared_bc_groups_and_bias(G, bias):
     y, st = ssd_triton(**shared, initial_state=state, chunk_size=16)
     y_ref, st_ref = reference(**shared, initial_state=state, chunk_size=16)
     assert nmax(y, y_ref) <= 1e-4 and nmax(st.k, st_ref.k) <= 1e-4 and nmax(st.h, st_ref.h) <= 1e-4
-    assert_grads_close(grads(ssd_triton, shared, state, 16), grads(reference, shared, state, 16), 1e-3)
+    assert_grads_close(ssd_grads(ssd_triton, shared, state, chunk_size=16), ssd_grads(reference, shared, state, chunk_size=16), 1e-3)
 
 
 def test_no_grad_inference_matches():
-    kw, state = case(70, 4, True, seed=9)
+    kw, state = ssd_case(70, 4, True, seed=9)
     with torch.no_grad():
         y, st = ssd_triton(**kw, initial_state=state, chunk_size=32)
     y_ref, st_ref = ssd_chunked(**kw, initial_state=state, chunk_size=32)
@@ -129,21 +95,21 @@ def test_no_grad_inference_matches():
 def test_half_inputs_dtype_plumbing(dtype):
     """Half-precision x, B, C load, store and come back in their dtype (y, dx, dB, dC). In the interpreter the dots
     are upcast to fp32, so this checks the plumbing, not bf16 tl.dot accuracy (that is the GPU test below)."""
-    kw, state = case(37, 4, True, seed=31)
+    kw, state = ssd_case(37, 4, True, seed=31)
     kw16 = {k: v.to(dtype) if k in ("x", "B", "C") else v for k, v in kw.items()}
     kw32 = {k: v.float() for k, v in kw16.items()}
     y16, s16 = ssd_triton(**kw16, initial_state=state, chunk_size=16)
     y32, s32 = ssd_chunked(**kw32, initial_state=state, chunk_size=16)
     assert y16.dtype == dtype and s16.h.dtype == torch.float32
     assert nmax(y16, y32) <= 1e-2 and nmax(s16.h, s32.h) <= 1e-4
-    g16, g32 = grads(ssd_triton, kw16, state, 16), grads(ssd_chunked, kw32, state, 16)
+    g16, g32 = ssd_grads(ssd_triton, kw16, state, chunk_size=16), ssd_grads(ssd_chunked, kw32, state, chunk_size=16)
     assert all(g16[k].dtype == dtype for k in ("x", "B", "C"))
     assert_grads_close(g16, g32, 1e-2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tl.dot is only meaningful on a GPU")
 def test_bf16_against_fp32_reference_on_rounded_inputs():
-    kw, state = case(300, 32, True, seed=21, b=2, H=4, P=64, N=128)
+    kw, state = ssd_case(300, 32, True, seed=21, b=2, H=4, P=64, N=128)
     kw = {k: None if v is None else v.cuda() for k, v in kw.items()}
     state = SSDState(*(t.cuda() for t in state))
     kw16 = {k: v.to(torch.bfloat16) if k in ("x", "B", "C") else v for k, v in kw.items()}
@@ -151,7 +117,7 @@ def test_bf16_against_fp32_reference_on_rounded_inputs():
     y16, s16 = ssd_triton(**kw16, initial_state=state, chunk_size=64)
     y32, s32 = ssd_chunked(**kw32, initial_state=state, chunk_size=64)
     assert nmax(y16, y32) <= 2e-2 and nmax(s16.h, s32.h) <= 2e-2
-    assert_grads_close(grads(ssd_triton, kw16, state, 64), grads(ssd_chunked, kw32, state, 64), 2e-2)
+    assert_grads_close(ssd_grads(ssd_triton, kw16, state, chunk_size=64), ssd_grads(ssd_chunked, kw32, state, chunk_size=64), 2e-2)
 
 
 def test_kernels_compile_for_sm90_without_a_gpu():
@@ -168,7 +134,7 @@ def test_kernels_compile_for_sm90_without_a_gpu():
 
 
 def long_turning_case(T, seed=5):
-    """fp32 inputs of one head turning one way all the time (spec T9 stress), and their exact fp64 copy.
+    """fp32 inputs of one head turning one way all the time (a stress case for the carried angle), and their exact fp64 copy.
     Δ ~ U[0.05, 0.1] (the top of the realistic [1e-3, 1e-1]), θ ~ N(3, 0.3) so ω = π tanh θ ≈ 3.1: ≈ 0.23 rad/token."""
     kw = ssd_random_inputs(b=1, T=T, H=1, P=16, N=16, S=8, dtype=torch.float64, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -182,13 +148,13 @@ def long_turning_case(T, seed=5):
 
 
 def check_angle_carry_matches_fp64(fn):
-    """Spec T9 for the kernel: the carried angle over a long fp32 run stays on the fp64 angle, in [0, 2π), and so do
+    """For the kernel: the carried angle over a long fp32 run stays on the fp64 angle, in [0, 2π), and so do
     y and the final states at the end of the sequence.
     What drifts is the carry, by a fixed amount per wrap: a one-part fp32 2π (1.7e-7 too large) loses 2.8e-8 of the
     net turn, and an fp32 π in ω = π tanh θ gains the same 2.8e-8; an fp32 carry adds a rounding walk over the chunks.
     65k tokens at realistic Δ turn by up to ~4k rad (~600 wraps). The interpreter runs ~1k chunks in this budget, so
-    this run turns faster instead: 32k tokens, ~7.5k rad, ~1200 wraps of the carry, and asks for 1e-5 rad (10x the
-    spec's 1e-4). Measured here: fp64 carry 2.0e-6; the pre-fix kernel (fp32 carry, both fp32 biases) 2.9e-5; fp64
+    this run turns faster instead: 32k tokens, ~7.5k rad, ~1200 wraps of the carry, and asks for 1e-5 rad (10x tighter
+    than the 1e-4 rad the notebooks ask of 65k tokens). Measured: fp64 carry 2.0e-6; an fp32 carry 2.9e-5; fp64
     carry with a one-part 2π or with an fp32 π 2.2e-4; two-part 2π with an fp32 carry 6.6e-5."""
     T, L = 32768, 32
     kw32, state32, kw64, state64 = long_turning_case(T)
@@ -208,9 +174,9 @@ def test_angle_carry_matches_fp64_over_many_wraps():
 
 @pytest.mark.parametrize("k", [1, 3, -2])
 def test_initial_angle_plus_2pi_k_gives_the_same_run(k):
-    """Spec T9: Φ₀ + 2πk is the same initial angle; outputs, final states and final angle (in [0, 2π)) agree up to
+    """Φ₀ + 2πk is the same initial angle; outputs, final states and final angle (in [0, 2π)) agree up to
     the fp32 rounding of Φ₀ + 2πk (≤ 2e-6 rad for |Φ₀ + 2πk| < 32)."""
-    kw, state = case(100, 4, True, seed=60 + k)
+    kw, state = ssd_case(100, 4, True, seed=60 + k)
     y, st = ssd_triton(**kw, initial_state=state, chunk_size=32)
     shifted = state._replace(angle=(state.angle.double() + 2 * math.pi * k).float())
     y2, st2 = ssd_triton(**kw, initial_state=shifted, chunk_size=32)
