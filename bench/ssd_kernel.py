@@ -121,7 +121,7 @@ class Timer:
 
 # ---------------------------------------------------------------- inputs and candidates
 def make_inputs(b, T, H, P, N, S, device, dtype, seed=0, mamba2=False):
-    "Spec §4 inputs; x, B, C in `dtype`, the per-token scalars fp32. mamba2=True: λ ≡ 1, no theta, no D."
+    "`ssd_random_inputs` with x, B, C in `dtype`, the per-token scalars fp32. mamba2=True: λ ≡ 1, no theta, no D."
     kw = ssd_random_inputs(b=b, T=T, H=H, P=P, N=N, S=S, dtype=torch.float32, seed=seed, device=device)
     for k in ("x", "B", "C"):
         kw[k] = kw[k].to(dtype)
