@@ -201,14 +201,17 @@ section_kernel_bench() {
 }
 
 section_model() {
-  local rc=0 common=(--ssd-dispatch triton --steps 5 --warmup 2 --json "$SECTION_DIR/model_gpu.jsonl")
+  local rc=0 r common=(--ssd-dispatch triton --steps 5 --warmup 2 --json "$SECTION_DIR/model_gpu.jsonl")
   [[ $CPU == 1 ]] && common=(--device cpu --preset tiny --batch 2 --seq-len 32 --steps 1 --warmup 0 --peak-tflops 1 --dtype fp32
                              --ssd-dispatch triton --json "$SECTION_DIR/model_gpu.jsonl")
   # the first run may compile the kernel at the model's shapes; the second finds it in Triton's cache
-  run_capped $(( $(section_left) * 3 / 5 )) "$PYTHON" bench/model_gpu.py "${common[@]}" --grad-checkpoint || rc=1
-  run_capped "$(section_left)" "$PYTHON" bench/model_gpu.py "${common[@]}" --no-grad-checkpoint || rc=1
+  run_capped $(( $(section_left) * 3 / 5 )) "$PYTHON" bench/model_gpu.py "${common[@]}" --grad-checkpoint
+  r=$?; (( r && !rc )) && rc=$r   # the first non-zero status (124: cut) is the section's
+  run_capped "$(section_left)" "$PYTHON" bench/model_gpu.py "${common[@]}" --no-grad-checkpoint
+  r=$?; (( r && !rc )) && rc=$r
   if (( $(section_left) >= 25 )); then   # the same step with the PyTorch SSD, for the ratio
-    run_capped "$(section_left)" "$PYTHON" bench/model_gpu.py "${common[@]/triton/pytorch}" --grad-checkpoint || rc=1
+    run_capped "$(section_left)" "$PYTHON" bench/model_gpu.py "${common[@]/triton/pytorch}" --grad-checkpoint
+    r=$?; (( r && !rc )) && rc=$r
   else
     echo "model: PyTorch-SSD comparison not run ($(section_left)s of the section left, needs 25s)"
   fi
