@@ -183,6 +183,7 @@ def train_parser() -> argparse.ArgumentParser:
     return p
 
 
+# %% ../nbs/12_cli.ipynb #8c5af63d
 def _cli_config(a):
     import yaml
     from mamba3_lite.config import ConfigError, ConfigLoader, apply_overrides, load_config
@@ -216,7 +217,7 @@ def train_cli(argv=None) -> int:
         return 0
     return run_cli(train_parser(), argv, body)
 
-
+# %% ../nbs/12_cli.ipynb #ee30cae6
 def eval_parser() -> argparse.ArgumentParser:
     p = CLIParser(prog="mamba3-lite eval", description=
         "Validation loss, perplexity and bits per byte of a trained checkpoint. Bits per byte = total NLL / "
@@ -247,7 +248,7 @@ def eval_cli(argv=None) -> int:
         return 0
     return run_cli(eval_parser(), argv, body)
 
-
+# %% ../nbs/12_cli.ipynb #32cb7f0f
 def generate_parser() -> argparse.ArgumentParser:
     p = CLIParser(prog="mamba3-lite generate", description="Continue a text prompt with a trained checkpoint (GPT-2 BPE).")
     p.add_argument("--checkpoint-dir", required=True, metavar="D", help="run directory written by `mamba3-lite train`")
@@ -388,6 +389,7 @@ def _tokenizer(offline: bool, log):
     return gpt2_encoding()
 
 
+# %% ../nbs/12_cli.ipynb #f28a59be
 def quickstart(args, log=print) -> dict:
     "Run the main job described by parsed `quickstart_parser()` arguments; returns the training summary plus the sample."
     import torch

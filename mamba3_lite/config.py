@@ -161,6 +161,7 @@ def config_to_dict(cfg: TrainingConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
+# %% ../nbs/09_config.ipynb #7239ef37
 class ConfigLoader(yaml.SafeLoader):
     "SafeLoader that also reads `3e-4` (no dot) as a float."
 

@@ -198,6 +198,8 @@ def _encode_texts(enc, texts):
     "Token arrays (uint32) of a list of texts; text that looks like a special token is encoded as ordinary text."
     return [enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
 
+
+# %% ../nbs/06_data.ipynb #cb59f89d
 def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens: int = None, val_fraction: float = None,
                    include=None, workers: int = 1, text_field: str = "text", encoding=None, bpe_file=None,
                    progress: bool = True, batch_bytes: int = 1 << 18) -> dict:

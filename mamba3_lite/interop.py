@@ -213,7 +213,7 @@ def _check_layout(state_dict: dict, layout: dict):
     if head is not None and not torch.equal(head, state_dict["backbone.embedding.weight"]):
         _refuse("lm_head.weight", "differs from backbone.embedding.weight, but the config ties them")
 
-# %% ../nbs/14_interop.ipynb #70729c94
+# %% ../nbs/14_interop.ipynb #81123183
 def from_mamba_ssm(config: dict, state_dict: dict) -> Mamba3Transformer:
     """The `Mamba3Transformer` of an official (config, state_dict); the inverse of `to_mamba_ssm`. The MLP keeps the
     official width unless its padding is exactly zero; the embedding keeps `vocab_size` rows."""
@@ -233,8 +233,9 @@ def from_mamba_ssm(config: dict, state_dict: dict) -> Mamba3Transformer:
         sd.update({p + "mixer." + k: v for k, v in _mixer_from_official(mixer, cfg).items()})
         sd.update({p + "norm2.weight": state_dict[q + "norm2.weight"], p + "mlp.fc1.weight": fc1, p + "mlp.fc2.weight": fc2})
     sd["norm_f.weight"] = state_dict["backbone.norm_f.weight"]
-    model = Mamba3Transformer(cfg)
-    model.load_state_dict(sd, strict=True)
+    with torch.device("meta"):          # no initialisation: strict loading below sets every parameter
+        model = Mamba3Transformer(cfg)
+    model.to_empty(device="cpu").load_state_dict(sd, strict=True)
     return model
 
 # %% ../nbs/14_interop.ipynb #c2d2ed30

@@ -42,6 +42,8 @@ TOKENIZER_HELP = (
     f"or point {RANKS_ENV} at it:\n"
     f"  export {RANKS_ENV}=$PWD/openai_whisper-20250625/whisper/assets/gpt2.tiktoken")
 
+
+# %% ../nbs/05_tokenizer.ipynb #6fd037c5
 def tiktoken_cache_dir() -> Path:
     "The directory tiktoken reads its cached ranks from (same rule as `tiktoken.load.read_file_cached`)."
     for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
@@ -80,6 +82,7 @@ def _encoding_from_file(path: str):
     return tiktoken.Encoding(name=TOKENIZER_NAME, pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": GPT2_EOS_ID}, explicit_n_vocab=GPT2_VOCAB_SIZE)
 
+# %% ../nbs/05_tokenizer.ipynb #93e4dee7
 def gpt2_encoding(bpe_file=None):
     "GPT-2 BPE (`tiktoken.Encoding`, 50,257 ids, EOS 50,256) from `bpe_file`, `$MAMBA3_LITE_GPT2_RANKS` or tiktoken's cache."
     if bpe_file is not None: return _encoding_from_file(str(Path(bpe_file).resolve()))
