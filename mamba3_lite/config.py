@@ -22,8 +22,8 @@ from .model import ModelConfig
 
 
 # %% auto #0
-__all__ = ['ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'config_from_dict', 'config_to_dict', 'ConfigLoader',
-           'packaged_configs', 'config_path', 'load_config', 'apply_overrides', 'apply_triton_opt_in']
+__all__ = ['ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'check_ranges', 'config_from_dict', 'config_to_dict',
+           'ConfigLoader', 'packaged_configs', 'config_path', 'load_config', 'apply_overrides', 'apply_triton_opt_in']
 
 # %% ../nbs/09_config.ipynb #a2abc34a
 class ConfigError(ValueError):
@@ -144,16 +144,38 @@ def _model_section(d) -> dict:
     return out
 
 
+_AT_LEAST_ONE = {"data": ("max_seq_len",),
+                 "training": ("max_steps", "micro_batch_size", "gradient_accumulation_steps", "log_every", "eval_every",
+                              "eval_batches", "save_every", "nan_guard_max_consecutive")}
+
+def check_ranges(cfg: TrainingConfig) -> TrainingConfig:
+    "Raise `ConfigError` naming the first field whose value is out of its range (every cadence and size is >= 1)."
+    for sec, keys in _AT_LEAST_ONE.items():
+        for k in keys:
+            v = getattr(getattr(cfg, sec), k)
+            if v < 1: raise ConfigError(f"{sec}.{k} must be >= 1, got {v}")
+    t = cfg.training
+    for name, ok, want in (("keep_last", t.keep_last is None or t.keep_last >= 1, "null or >= 1"),
+                           ("num_threads", t.num_threads is None or t.num_threads >= 1, "null or >= 1"),
+                           ("warmup_steps", t.warmup_steps >= 0, ">= 0"), ("lr", t.lr > 0, "> 0"),
+                           ("min_lr_ratio", 0 <= t.min_lr_ratio <= 1, "in [0, 1]"),
+                           ("wsd_decay_frac", 0 < t.wsd_decay_frac <= 1, "in (0, 1]"),
+                           ("betas", all(0 <= b < 1 for b in t.betas), "two numbers in [0, 1)"),
+                           ("eps", t.eps > 0, "> 0"), ("weight_decay", t.weight_decay >= 0, ">= 0")):
+        if not ok: raise ConfigError(f"training.{name} must be {want}, got {getattr(t, name)!r}")
+    return cfg
+
+
 def config_from_dict(d: dict) -> TrainingConfig:
-    "Validate a nested dict (as read from YAML) into a `TrainingConfig`."
+    "Validate a nested dict (as read from YAML) into a `TrainingConfig` (types, then ranges: `check_ranges`)."
     if not isinstance(d, dict):
         raise ConfigError(f"a config must be a mapping with sections model/data/training, got {type(d).__name__}")
     valid = [f.name for f in dataclasses.fields(TrainingConfig)]
     unknown = sorted(set(d) - set(valid))
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(valid)}")
-    return TrainingConfig(model=_model_section(d.get("model")), data=_section(DataConfig, d.get("data"), "data"),
-                          training=_section(LoopConfig, d.get("training"), "training"))
+    return check_ranges(TrainingConfig(model=_model_section(d.get("model")), data=_section(DataConfig, d.get("data"), "data"),
+                                       training=_section(LoopConfig, d.get("training"), "training")))
 
 
 def config_to_dict(cfg: TrainingConfig) -> dict:

@@ -4,9 +4,11 @@
 
 # %% auto #0
 __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'DEFAULT_INCLUDE',
-           'token_dtype_code', 'shard_bytes', 'write_shard', 'Shard', 'list_input_files', 'stdlib_corpus_files',
-           'iter_documents', 'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'PretrainDataset',
-           'WindowSampler']
+           'PARQUET_BATCH_ROWS', 'MANIFEST_KEYS', 'SHARD_KEYS', 'token_dtype_code', 'shard_bytes', 'write_shard',
+           'Shard', 'list_input_files', 'stdlib_corpus_files', 'iter_documents', 'MissingExtraError', 'require_extra',
+           'iter_parquet_documents', 'is_saved_dataset', 'hf_dataset_source', 'iter_hf_documents', 'document_source',
+           'prepare_corpus', 'locate', 'window_naive', 'window_fast', 'check_manifest_keys', 'PretrainDataset',
+           'dataset_identity', 'verify_in_background', 'WindowSampler']
 
 # %% ../nbs/06_data.ipynb #0a784d2a
 import bisect
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .files import atomic_write, file_digest
+from .files import atomic_write, file_digest, fsync_dir
 from .tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TOKENIZER_NAME, gpt2_encoding
 
 
@@ -92,7 +94,7 @@ class Shard:
     def sha256(self) -> str: return file_digest(self.path)["sha256"]   # of the whole file, header included
 
 # %% ../nbs/06_data.ipynb #74fdd573
-DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl")
+DEFAULT_INCLUDE = ("*.txt", "*.md", "*.jsonl", "*.parquet")
 
 def list_input_files(inputs, include=None) -> list:
     "Expand files and directories (recursive, `include` globs on the file name) into a sorted, de-duplicated file list."
@@ -125,9 +127,10 @@ def stdlib_corpus_files() -> list:
     return files
 
 def iter_documents(files, text_field: str = "text"):
-    "Yield (text, n_bytes) per document: a whole text file, or one `.jsonl` line's `text_field`."
+    "Yield (text, n_bytes) per document: a whole text file, one `.jsonl` line's or one `.parquet` row's `text_field`."
     for f in files:
-        if f.suffix == ".jsonl":
+        if f.suffix == ".parquet": yield from iter_parquet_documents(f, text_field)
+        elif f.suffix == ".jsonl":
             with open(f, "rb") as fh:
                 for lineno, raw in enumerate(fh, 1):
                     if not raw.strip(): continue
@@ -141,6 +144,98 @@ def iter_documents(files, text_field: str = "text"):
             try: text = raw.decode("utf-8")
             except UnicodeDecodeError as e: raise ValueError(f"{f}: not UTF-8 text (byte {e.start}); convert it or leave it out with --include") from None
             yield text, len(raw)
+
+# %% ../nbs/06_data.ipynb #d1eec327
+class MissingExtraError(RuntimeError):
+    "An optional dependency is not installed; the message names the `pip install 'mamba3-lite[...]'` that brings it."
+
+def require_extra(module: str, extra: str, what: str):
+    "Import and return `module`, or raise `MissingExtraError` naming the extra that provides it."
+    import importlib
+    try: return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(f"{what} needs the Python package {module!r}, which is not installed ({e}); "
+                                f"install it with: pip install 'mamba3-lite[{extra}]'") from None
+
+PARQUET_BATCH_ROWS = 1024
+
+def iter_parquet_documents(path, text_field: str = "text", batch_rows: int = PARQUET_BATCH_ROWS):
+    "Yield (text, share of the file's bytes) per row of a parquet file's `text_field` column, one record batch at a time."
+    pq = require_extra("pyarrow.parquet", "data", f"reading {path}")
+    import pyarrow as pa
+    path = Path(path)
+    try: pf = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+    except pa.ArrowInvalid as e: raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+    schema = pf.schema_arrow
+    if text_field not in schema.names:
+        raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(schema.names[:12])}); name the text column with --text-field")
+    typ = schema.field(text_field).type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)):
+        raise ValueError(f"{path}: column {text_field!r} holds {typ}, expected strings")
+    per_row, row = path.stat().st_size / max(pf.metadata.num_rows, 1), 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=[text_field]):
+        col = batch.column(0)
+        if col.null_count:
+            bad = row + col.is_null().to_pylist().index(True)
+            raise ValueError(f"{path}: row {bad}: {text_field!r} is null, expected a string")
+        for text in col.to_pylist(): yield text, per_row
+        row += len(col)
+
+# %% ../nbs/06_data.ipynb #1e95140f
+def is_saved_dataset(path) -> bool:
+    "A directory written by `datasets`' `save_to_disk`: a Dataset (state.json) or a DatasetDict (dataset_dict.json)."
+    p = Path(path)
+    return p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file())
+
+def _file_record(f) -> dict:
+    st = Path(f).stat()
+    return {"path": str(f), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+def hf_dataset_source(name, config: str = None, split: str = "train", data_files=None) -> tuple:
+    "(iterable dataset of rows, its manifest record): a `save_to_disk` directory, else `load_dataset(..., streaming=True)`."
+    hf = require_extra("datasets", "data", "--hf-dataset")
+    desc = {"hf_dataset": str(name), "config": config, "split": split}
+    if is_saved_dataset(name):
+        if config is not None or data_files: raise ValueError(f"--hf-dataset {name} is a save_to_disk directory: --hf-config / --hf-data-files do not apply")
+        d, state = hf.load_from_disk(str(name)), Path(name) / "state.json"
+        if isinstance(d, hf.DatasetDict):
+            if split not in d: raise ValueError(f"{name}: has the splits {', '.join(d)}, not {split!r}; choose one with --split")
+            d, state = d[split], Path(name) / split / "state.json"
+        desc["fingerprint"] = json.loads(state.read_text()).get("_fingerprint")   # changes whenever the data does
+        return d.to_iterable_dataset(), desc
+    files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files or [])
+    for f in files:
+        if not Path(f).is_file(): raise FileNotFoundError(f"--hf-data-files: {f} does not exist")
+    desc["data_files"] = [_file_record(f) for f in files]
+    try: return hf.load_dataset(str(name), config, split=split, data_files=[str(f) for f in files] or None, streaming=True), desc
+    except (OSError, ValueError) as e:                   # not found, offline, unknown config or split
+        raise ValueError(f"--hf-dataset {name}: cannot open it ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]})") from None
+
+def iter_hf_documents(dataset, text_field: str = "text", what: str = "dataset", batch_rows: int = PARQUET_BATCH_ROWS):
+    "Yield (text, UTF-8 bytes) per row of an iterable dataset's `text_field`, `batch_rows` rows at a time."
+    cols = dataset.column_names                        # None when a streamed dataset does not declare its features
+    if cols is not None:
+        if text_field not in cols: raise ValueError(f"{what}: no column {text_field!r} (columns: {', '.join(cols[:12])}); name the text column with --text-field")
+        dataset = dataset.select_columns([text_field])
+    row = 0
+    for batch in dataset.iter(batch_size=batch_rows):
+        if text_field not in batch: raise ValueError(f"{what}: rows have no field {text_field!r} (fields: {', '.join(batch)}); name it with --text-field")
+        for text in batch[text_field]:
+            if not isinstance(text, str): raise ValueError(f"{what}: row {row}: {text_field!r} is {type(text).__name__}, expected a string")
+            yield text, len(text.encode("utf-8"))
+            row += 1
+
+# %% ../nbs/06_data.ipynb #a97d2ade
+def document_source(inputs=None, include=None, text_field: str = "text", hf_dataset=None, hf_config: str = None,
+                    hf_split: str = "train", hf_data_files=None) -> tuple:
+    "(iterator of (text, source bytes), the sources as the manifest records them, total source bytes or None)."
+    if hf_dataset is None:
+        files = list_input_files(inputs, include)
+        sources = [_file_record(f) for f in files]
+        return iter_documents(files, text_field), sources, sum(s["bytes"] for s in sources)
+    if inputs: raise ValueError("give input files or a Hugging Face dataset (--hf-dataset), not both")
+    dataset, desc = hf_dataset_source(hf_dataset, hf_config, hf_split, hf_data_files)
+    return iter_hf_documents(dataset, text_field, what=f"--hf-dataset {hf_dataset}"), [desc], None
 
 # %% ../nbs/06_data.ipynb #06445958
 class _SplitWriter:
@@ -168,15 +263,17 @@ class _SplitWriter:
         else: _atomic_write(path, (head, body)); self.n_written += 1
         self.shards.append({"file": name, "n_tokens": int(tokens.size), "dtype": DTYPE_NAMES[token_dtype_code(self.vocab_size)], "sha256": sha})
     def finish(self, meta: dict) -> dict:
+        "Write the last shard, remove shards of an earlier run that this one does not have; return the manifest (not written)."
         if self.n_pending: self._emit(np.concatenate(self.pending))
         self.pending, self.n_pending = [], 0
         keep = {s["file"] for s in self.shards}
         self.n_removed = 0
         for stale in self.dir.glob("shard_*.bin"):
             if stale.name not in keep: stale.unlink(); self.n_removed += 1
-        manifest = {**meta, "n_tokens": self.n_tokens, "n_documents": self.n_documents, "shards": self.shards}
+        return {**meta, "n_tokens": self.n_tokens, "n_documents": self.n_documents, "shards": self.shards}
+    def commit(self, manifest: dict):
+        "Write the manifest: the commit record of the split, after every shard it lists is on disk."
         _atomic_write(self.dir / "manifest.json", (json.dumps(manifest, indent=1).encode(),))
-        return manifest
 
 # %% ../nbs/06_data.ipynb #e6520205
 def _finished_output(out: Path, meta: dict):
@@ -187,9 +284,8 @@ def _finished_output(out: Path, meta: dict):
         if not mf.is_file(): return None
         m = json.loads(mf.read_text())
         if any(m.get(k) != v for k, v in meta.items()): return None
-        itemsize = DTYPE_CODES[token_dtype_code(m["vocab_size"])].itemsize
-        if any(not (out / split / sh["file"]).is_file() or (out / split / sh["file"]).stat().st_size != HEADER_BYTES + sh["n_tokens"] * itemsize
-               for sh in m["shards"]): return None
+        if any(not (out / split / sh["file"]).is_file() or file_digest(out / split / sh["file"])["sha256"] != sh["sha256"]
+               for sh in m["shards"]): return None                      # content, not size: a same-size change is caught
         res[split] = m
     res["stats"] = {s: {"written": 0, "skipped": len(res[s]["shards"]), "removed": 0} for s in ("train", "val")}
     return res
@@ -202,8 +298,9 @@ def _encode_texts(enc, texts):
 # %% ../nbs/06_data.ipynb #cb59f89d
 def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens: int = None, val_fraction: float = None,
                    include=None, workers: int = 1, text_field: str = "text", encoding=None, bpe_file=None,
-                   progress: bool = True, batch_bytes: int = 1 << 18) -> dict:
-    "Tokenize `inputs` (files/dirs/.jsonl) with GPT-2 BPE into `out/train` and `out/val` shards; returns both manifests."
+                   progress: bool = True, batch_bytes: int = 1 << 18, max_tokens: int = None, hf_dataset=None,
+                   hf_config: str = None, hf_split: str = "train", hf_data_files=None) -> dict:
+    "Tokenize `inputs` (files/dirs/.jsonl/.parquet) or a Hugging Face dataset with GPT-2 BPE into `out/train` and `out/val` shards; returns both manifests."
     from collections import deque
     from tqdm.auto import tqdm
     if val_tokens is not None and val_fraction is not None: raise ValueError("give val_tokens or val_fraction, not both")
@@ -212,7 +309,8 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     if val_fraction is not None and not 0.0 <= val_fraction < 1.0: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
     if not isinstance(shard_size_tokens, int) or shard_size_tokens < 1: raise ValueError(f"shard_size_tokens must be a positive integer, got {shard_size_tokens!r}")
     if not isinstance(workers, int) or workers < 1: raise ValueError(f"workers must be a positive integer, got {workers!r}")
-    files = list_input_files(inputs, include)
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1): raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    documents, sources, total_bytes = document_source(inputs, include, text_field, hf_dataset, hf_config, hf_split, hf_data_files)
     enc = encoding if encoding is not None else gpt2_encoding(bpe_file)
     vocab, eos = enc.n_vocab, enc.eot_token
     out = Path(out)
@@ -220,14 +318,19 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     meta = {"format": "mamba3-lite-shards", "version": SHARD_VERSION, "tokenizer": enc.name if enc.name != "r50k_base" else TOKENIZER_NAME,
             "vocab_size": vocab, "eos_id": eos, "dtype": DTYPE_NAMES[token_dtype_code(vocab)], "shard_size_tokens": shard_size_tokens,
             "val_tokens": val_tokens, "val_fraction": val_fraction, "text_field": text_field,
-            "sources": [{"path": str(f), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]}
+            "sources": sources, **({"max_tokens": max_tokens} if max_tokens is not None else {})}
     done = _finished_output(out, meta)
     if done is not None: return done
+    for s in ("train", "val"):                          # uncommit an earlier run first: its manifests must not vouch
+        if (out / s / "manifest.json").exists():        # for shards this run is about to rewrite
+            (out / s / "manifest.json").unlink(); fsync_dir(out / s)
     writers = {s: _SplitWriter(out / s, shard_size_tokens, vocab, eos) for s in ("train", "val")}
     seen = n_empty = 0
-    bar = tqdm(total=sum(s["bytes"] for s in meta["sources"]), unit="B", unit_scale=True, desc="prepare", disable=not progress)
+    full = False                                        # max_tokens reached: the documents after this one are not used
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     def consume(future, n_bytes):                       # in document order
-        nonlocal seen, n_empty
+        nonlocal seen, n_empty, full
+        if full: return
         for toks in future.result():
             if toks.size == 0: n_empty += 1; continue
             doc = np.empty(toks.size + 1, dtype=np.uint32); doc[:-1] = toks; doc[-1] = eos
@@ -235,24 +338,28 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
             v = writers["val"]
             to_val = v.n_tokens < val_tokens if val_tokens is not None else v.n_tokens < val_fraction * seen
             writers["val" if to_val else "train"].add(doc)
-        bar.update(n_bytes)
+            full = max_tokens is not None and seen >= max_tokens
+            if full: break
+        bar.update(n_bytes); bar.set_postfix_str(f"{seen:,} tokens", refresh=False)
     # batches of ~batch_bytes go to `workers` threads; at most 4 batches per worker in flight, results used in order
     inflight, batch, size = deque(), [], 0
     with ThreadPoolExecutor(workers) as pool:
         try:
-            for text, nb in iter_documents(files, text_field):
+            for text, nb in documents:
+                if full: break
                 batch.append(text); size += nb
                 if size >= batch_bytes:
                     inflight.append((pool.submit(_encode_texts, enc, batch), size)); batch, size = [], 0
                     if len(inflight) > 4 * workers: consume(*inflight.popleft())
-            if batch: inflight.append((pool.submit(_encode_texts, enc, batch), size))
+            if batch and not full: inflight.append((pool.submit(_encode_texts, enc, batch), size))
             while inflight: consume(*inflight.popleft())
         finally:
             for f, _ in inflight: f.cancel()
             bar.close()
     res = {s: w.finish({**meta, "split": s, "n_empty_documents_skipped": n_empty}) for s, w in writers.items()}
-    res["stats"] = {s: {"written": w.n_written, "skipped": w.n_skipped, "removed": w.n_removed} for s, w in writers.items()}
     if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
+    for s in ("val", "train"): writers[s].commit(res[s])   # manifests last: the commit record of each split
+    res["stats"] = {s: {"written": w.n_written, "skipped": w.n_skipped, "removed": w.n_removed} for s, w in writers.items()}
     return res
 
 # %% ../nbs/06_data.ipynb #639ebba0
@@ -320,6 +427,22 @@ def _file_rss_bytes() -> int:
     if pid not in _STATM_FD: _STATM_FD.clear(); _STATM_FD[pid] = os.open("/proc/self/statm", os.O_RDONLY)
     return int(os.pread(_STATM_FD[pid], 128, 0).split()[2]) * mmap.PAGESIZE
 
+# %% ../nbs/06_data.ipynb #92d536ce
+MANIFEST_KEYS = ("vocab_size", "eos_id", "n_tokens", "shards")
+SHARD_KEYS = ("file", "n_tokens", "dtype", "sha256")
+
+def check_manifest_keys(m, path) -> dict:
+    "`m`, or `ValueError` naming `path` and the first missing key when a manifest is not what `prepare` writes."
+    if not isinstance(m, dict): raise ValueError(f"{path}: not a JSON object (got {type(m).__name__}); rerun `mamba3-lite prepare`")
+    missing = [k for k in MANIFEST_KEYS if k not in m]
+    if missing: raise ValueError(f"{path}: missing key(s) {', '.join(map(repr, missing))}; rerun `mamba3-lite prepare`")
+    if not isinstance(m["shards"], list): raise ValueError(f"{path}: 'shards' must be a list, got {type(m['shards']).__name__}")
+    for i, s in enumerate(m["shards"]):
+        if not isinstance(s, dict): raise ValueError(f"{path}: shards[{i}] must be an object")
+        missing = [k for k in SHARD_KEYS if k not in s]
+        if missing: raise ValueError(f"{path}: shards[{i}] missing key(s) {', '.join(map(repr, missing))}")
+    return m
+
 # %% ../nbs/06_data.ipynb #343f4967
 class PretrainDataset(Dataset):
     "Next-token windows `(x, y)` (each `(L,)` CPU torch.long) over a flat token stream: one file or a directory of shards."
@@ -371,6 +494,9 @@ class PretrainDataset(Dataset):
             paths = sorted(p.glob("shard_*.bin"))
             if not paths: raise FileNotFoundError(f"no shard_*.bin files in {p}")
             if (p / "manifest.json").is_file(): self._check_manifest(p, paths, full_check)
+            elif (p.parent / "train").is_dir() and (p.parent / "val").is_dir():   # a `prepare` output without its commit record
+                raise ValueError(f"{p}: no manifest.json, so `mamba3-lite prepare` did not finish this split (interrupted "
+                                 "or failed); rerun prepare with the same arguments (it keeps the shards already written)")
         else:
             self.layout, paths = "single", [p]
         self.shards, self._shard_objs = [], []
@@ -398,6 +524,7 @@ class PretrainDataset(Dataset):
         mf = d / "manifest.json"
         try: m = json.loads(mf.read_text())
         except json.JSONDecodeError as e: raise ValueError(f"{mf}: not valid JSON ({e.msg})") from None
+        check_manifest_keys(m, mf)
         self.manifest = m
         if m.get("vocab_size") != self.vocab_size:
             raise ValueError(f"{mf}: data tokenized with {m.get('tokenizer')!r} ({m.get('vocab_size')} ids) but the model has vocab_size={self.vocab_size}")
@@ -413,6 +540,14 @@ class PretrainDataset(Dataset):
                 if have != want: raise ValueError(f"{q}: header {key}={have} but {mf} says {want}")
             if full_check and sh.sha256() != s["sha256"]: raise ValueError(f"{q}: sha256 differs from {mf} (corrupt or replaced)")
         if sum(s["n_tokens"] for s in m["shards"]) != m["n_tokens"]: raise ValueError(f"{mf}: n_tokens {m['n_tokens']} != sum over its shards")
+
+    def verify_digests(self):
+        "Check every shard's sha256 against the manifest (one read of each file); `ValueError` naming the first that differs."
+        if self.manifest is None: return
+        for name, s in zip(self.names, self.manifest["shards"]):
+            if file_digest(name)["sha256"] != s["sha256"]:
+                raise ValueError(f"{name}: sha256 differs from {self.path / 'manifest.json'} (changed after prepare); "
+                                 "rerun `mamba3-lite prepare` or restore the file")
 
     def __reduce__(self):
         "Pickle as the constructor call (re-opens the mapping; for spawned DataLoader workers), never the token data."
@@ -454,6 +589,19 @@ class PretrainDataset(Dataset):
         n = len(self) // batch_size if max_batches is None else min(len(self) // batch_size, max_batches)
         if n == 0: raise ValueError(f"{getattr(self, 'path', 'dummy')}: {len(self)} windows make no batch of {batch_size}")
         for b in range(n): yield self.get_batch(range(b * batch_size, (b + 1) * batch_size))
+
+# %% ../nbs/06_data.ipynb #acc0079e
+def dataset_identity(ds):
+    "SHA-256 over the sha256 of every shard in a dataset's manifest (`None` without a manifest): what a resume compares."
+    if ds.manifest is None: return None
+    return hashlib.sha256(json.dumps([s["sha256"] for s in ds.manifest["shards"]]).encode()).hexdigest()
+
+def verify_in_background(*datasets):
+    "Start `verify_digests` of every dataset on one thread; returns its future (`result()` raises, naming the shard)."
+    pool = ThreadPoolExecutor(1, thread_name_prefix="shard-digests")
+    fut = pool.submit(lambda: [ds.verify_digests() for ds in datasets if ds.manifest is not None])
+    pool.shutdown(wait=False)
+    return fut
 
 # %% ../nbs/06_data.ipynb #b84493d9
 class WindowSampler:

@@ -24,20 +24,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointManager, restore_rng_state
-from .config import LoopConfig, TrainingConfig, apply_triton_opt_in, config_from_dict, config_to_dict
-from .data import PretrainDataset, WindowSampler
+from fastcore.basics import patch
+
+from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, restore_rng_state
+from .config import (ConfigError, LoopConfig, TrainingConfig, apply_triton_opt_in, config_from_dict,
+                                config_to_dict)
+from .data import PretrainDataset, WindowSampler, dataset_identity, verify_in_background
+from .files import RunLockedError
 from .distributed import (DistEnv, FrozenState, FullModelView, FullOptimState, fsdp_sync, full_model_state,
                                      residual_blocks, setup_distributed)
 from .logger import TrainingLogger, peak_flops_for
 from .model import Mamba3Transformer, ModelConfig
 
-
 # %% auto #0
-__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'lr_factor', 'build_scheduler', 'StepResult', 'train_step', 'build_optimizer',
-           'build_model_config', 'TrainStream', 'make_streams', 'evaluate', 'seed_everything',
-           'keep_freed_memory_in_heap', 'Pretrainer', 'dry_run_config', 'run_training', 'load_trained',
-           'evaluate_bits_per_byte']
+__all__ = ['RESUME_META', 'MODEL_KNOBS_ON_RESUME', 'FIXED_ON_RESUME', 'OPTIMIZER_KEYS', 'MAX_ROLLBACKS_PER_CHECKPOINT',
+           'lr_factor', 'build_scheduler', 'StepResult', 'train_step', 'build_optimizer', 'build_model_config',
+           'TrainStream', 'make_streams', 'evaluate', 'check_resume_meta', 'config_changes', 'refused_changes',
+           'seed_everything', 'keep_freed_memory_in_heap', 'Pretrainer', 'dry_run_config', 'run_training',
+           'load_trained', 'evaluate_bits_per_byte']
 
 # %% ../nbs/11_train.ipynb #e07a24cb
 def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float,
@@ -202,6 +206,7 @@ def make_streams(config: TrainingConfig, env: DistEnv, vocab_size: int, log=prin
         for i in range(n_batches):
             x, y = val.get_batch(mine[i * b:(i + 1) * b])
             yield x.to(env.device), y.to(env.device)
+    val_batches.dataset = val  # for the trainer's shard check
     return TrainStream(train, sampler, env.device), val_batches
 
 # %% ../nbs/11_train.ipynb #87f5df34
@@ -225,6 +230,38 @@ def evaluate(model: torch.nn.Module, batches, autocast_dtype=None) -> dict:
     model.train(was_training)
     loss = (stats[0] / stats[1]).item()
     return {"loss": loss, "ppl": math.exp(min(loss, 80.0)), "tokens": int(stats[1].item())}
+
+# %% ../nbs/11_train.ipynb #63edcb47
+RESUME_META = {"scheduler": dict, "rng": dict, "data_position": list, "tokens_seen": int, "config": dict}
+MODEL_KNOBS_ON_RESUME = ("chunk_size", "ssd_dispatch", "grad_checkpoint")  # speed and memory only
+FIXED_ON_RESUME = ("data.max_seq_len", "data.shuffle", "data.dummy", "training.seed")  # the data order
+OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup_steps", "max_steps", "lr_schedule", "wsd_decay_frac", "wsd_decay_shape",
+                  "weight_decay", "betas", "eps")
+
+def check_resume_meta(meta: dict, path) -> dict:
+    "`meta`, or `ValueError` naming `path` and the key when it lacks what a resume needs or holds the wrong type."
+    for key, tp in RESUME_META.items():
+        if key not in meta: raise ValueError(f"{path}: missing {key!r}, which a resume needs (not written by `mamba3-lite train`?)")
+        if not isinstance(meta[key], tp) or isinstance(meta[key], bool):
+            raise ValueError(f"{path}: {key!r} must be a {tp.__name__}, got {type(meta[key]).__name__}")
+    if not all(isinstance(p, dict) for p in meta["data_position"]):
+        raise ValueError(f"{path}: 'data_position' must be a list of objects, one per rank")
+    return meta
+
+def config_changes(old: dict, new: dict) -> list:
+    "`[(dotted key, old, new)]` for every data/training leaf that differs, and every field of the resolved `ModelConfig`."
+    out = []
+    for sec in ("data", "training"):
+        a, b = old.get(sec) or {}, new.get(sec) or {}
+        out += [(f"{sec}.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    quiet = lambda s: None
+    ma, mb = (dataclasses.asdict(build_model_config(config_from_dict(c), log=quiet)) for c in (old, new))
+    return out + [(f"model.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
+
+def refused_changes(changes: list) -> list:
+    "The changes a resume cannot take: the model's shape and function, and what fixes the data order."
+    return [c for c in changes if c[0] in FIXED_ON_RESUME
+            or (c[0].startswith("model.") and c[0].split(".", 1)[1] not in MODEL_KNOBS_ON_RESUME)]
 
 # %% ../nbs/11_train.ipynb #d1ca34cc
 def seed_everything(seed: int):
@@ -254,10 +291,11 @@ MAX_ROLLBACKS_PER_CHECKPOINT = 3  # the same data replays after a rollback: a de
 # %% ../nbs/11_train.ipynb #24d26b50
 class Pretrainer:
     "One training run described by a `TrainingConfig`; `train()` runs it."
-    def __init__(self, config: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None):
+    def __init__(self, config: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
+                 reset_optimizer: bool = False):
 
         self.config, t = config, config.training
-        self.resume_step = resume_step
+        self.resume_step, self.reset_optimizer, self._abandon_after = resume_step, reset_optimizer, None
         self.env = env = setup_distributed(t.device)
         self._print = log or (lambda s: print(s, flush=True))
         if env.device.type == "cpu":
@@ -296,6 +334,8 @@ class Pretrainer:
         self.autocast_dtype = torch.bfloat16 if env.device.type == "cuda" and t.precision == "bf16" else None
         self.ckpt = CheckpointManager(self.run_dir, keep_last=t.keep_last)
         self.train_stream, self.val_batches = make_streams(config, env, self.model_config.vocab_size, log=self.log)
+        self.data_identity = dataset_identity(self.train_stream.dataset)
+        self._data_check = verify_in_background(self.train_stream.dataset, self.val_batches.dataset)
         self.tokens_per_step = t.micro_batch_size * t.gradient_accumulation_steps * config.data.max_seq_len * env.world_size
         self.logger = None  # made by train(), once the start step is known
         self.step, self.tokens_seen, self.evals, self._rollbacks = 0, 0, [], {}
@@ -315,26 +355,44 @@ def save_checkpoint(self: Pretrainer, tag: str = ""):
         dist.all_gather_object(positions, self.train_stream.state_dict())
     state = full_model_state(self.raw_model, self.sharded)
     optim = FrozenState(FullOptimState(self.raw_model, self.optimizer, self.sharded).state_dict())
+    self._data_check.result()   # never checkpoint a step trained on shards that differ from their manifest
+    if self.env.is_main and self._abandon_after is not None:
+        moved = self.ckpt.abandon_after(self._abandon_after)
+        self.log(f"[resume] rewound to step {self._abandon_after}: steps {moved} moved to {self.run_dir / 'abandoned'}")
+    self._abandon_after = None
     if self.env.is_main:
         extra = {"scheduler": self.scheduler.state_dict(), "data_position": positions,
                  "tokens_seen": self.tokens_seen, "config": config_to_dict(self.config),
-                 "tag": tag or f"step_{self.step}",
+                 "tag": tag or f"step_{self.step}", "data_identity": self.data_identity,
                  "evals": [e for e in self.evals if e["step"] <= self.step]}
         self.ckpt.save(self.raw_model, optim, self.step, extra_meta=extra, state_dict=state)
     if self.env.world_size > 1:
         dist.barrier()
 
 @patch
-def load_checkpoint(self: Pretrainer, step: int) -> int:
-    "Restore weights, optimizer, schedule, data position and RNG of checkpoint `step`; return the step."
-
+def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
+    """Restore weights, optimizer, schedule, data position and RNG of checkpoint `step`; return the step.
+    `initial` (the resume, not a NaN rollback): first refuse config changes that cannot be resumed, then apply and
+    log the ones that can."""
+    paths = self.ckpt.paths(step)
+    if not paths["meta"].exists():
+        raise FileNotFoundError(f"{paths['meta']}: no committed checkpoint for step {step}; "
+                                f"steps on disk: {self.ckpt.list_steps()}")
+    meta = self.ckpt.read_meta(step)
     target = FullModelView(self.raw_model) if self.sharded else self.raw_model
-    meta = self.ckpt.load(target, step, device=str(self.env.device),
-                          optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded), strict=True)
-    if "data_position" not in meta:   # weights only, e.g. written by `mamba3-lite import`
+    if "data_position" not in meta and "optim" not in meta["files"]:   # weights only, e.g. `mamba3-lite import`
+        meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True,   # warns: no optimizer state
+                              optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded))
         self.log(f"[resume] checkpoint step {step} holds weights only: optimizer, schedule and data order start fresh")
         self.step = meta["step"]
         return self.step
+    check_resume_meta(meta, paths["meta"])
+    if not self.reset_optimizer and ("optim" not in meta["files"] or not paths["optim"].exists()):
+        raise FileNotFoundError(f"{paths['optim']}: missing, so step {step} cannot be resumed exactly (its AdamW "
+                                "moments are lost); pass --reset-optimizer to continue from its weights with a fresh optimizer")
+    changes = self._check_config(meta, paths["meta"]) if initial else []
+    optim = None if self.reset_optimizer else FullOptimState(self.raw_model, self.optimizer, self.sharded)
+    meta = self.ckpt.load(target, step, device=str(self.env.device), optimizer=optim, strict=True)
     self.scheduler.load_state_dict(meta["scheduler"])
     positions = meta["data_position"]
     if len(positions) != self.env.world_size:
@@ -345,6 +403,8 @@ def load_checkpoint(self: Pretrainer, step: int) -> int:
     self.evals = [e for e in meta.get("evals", []) if e["step"] <= step]
     restore_rng_state(meta["rng"])
     self.step = meta["step"]
+    if self.reset_optimizer: self.log(f"[resume] --reset-optimizer: AdamW restarts with zero moments at step {step}")
+    self._apply_changes(changes)
     return self.step
 
 @patch
@@ -394,21 +454,24 @@ def _rollback(self: Pretrainer, streak: int):
 # %% ../nbs/11_train.ipynb #8c55b97c
 @patch
 def train(self: Pretrainer) -> dict:
-    "Run (or continue) training to `max_steps`; return a summary dict."
+    "Run (or continue) training to `max_steps` under the run directory's lock; return a summary dict."
     t0 = time.time()
-    start = self.resume_step
-    if start is None and not self.config.training.dry_run:  # a dry run always starts fresh
-        start = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
-    if start is not None:
-        self.load_checkpoint(start)
-        self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
-    if self.env.is_main:
-        self.logger = self._make_logger()
+    self._lock()
     try:
-        return self._loop(start is not None, t0)
+        start = self.resume_step
+        if start is None and not self.config.training.dry_run:  # a dry run always starts fresh
+            start = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
+        if start is not None:
+            self._resume(start)
+        if self.env.is_main:
+            self.logger = self._make_logger()
+        try:
+            return self._loop(start is not None, t0)
+        finally:
+            if self.logger is not None:
+                self.logger.close()
     finally:
-        if self.logger is not None:
-            self.logger.close()
+        self.ckpt.lock.release()
 
 @patch
 def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
@@ -434,12 +497,14 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
                 last_eval = self.evals[-1]["step"] if self.evals else -1
             continue
         streak = 0
+        if self.env.world_size == 1 and self._data_check.done(): self._data_check.result()
         self.step += 1
         self.tokens_seen += self.tokens_per_step
         if self.step % t.eval_every == 0:
             self.evaluate(); last_eval = self.step
         if self.step % t.save_every == 0:
             self.save_checkpoint(); last_save = self.step
+    self._data_check.result()
     if last_eval != self.step:
         self.evaluate()
     if last_save != self.step:
@@ -448,6 +513,69 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
             "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
             "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
+
+# %% ../nbs/11_train.ipynb #c38a466f
+@patch
+def _lock(self: Pretrainer):
+    "Rank 0 holds the run directory's lock for the run's life; every rank raises `RunLockedError` if another writer has it."
+    err = None
+    if self.env.is_main:
+        try: self.ckpt.lock.acquire()
+        except RunLockedError as e: err = str(e)
+    err = self._from_rank0(err)
+    if err is not None: raise RunLockedError(err)
+
+@patch
+def _valid_before(self: Pretrainer, step: int):
+    "The newest complete, verified step below `step`, or None."
+    return next((s for s in reversed(self.ckpt.list_steps()) if s < step and not self.ckpt.problems(s)), None)
+
+@patch
+def _resume(self: Pretrainer, step: int) -> int:
+    """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
+    it, with a warning, as a digest mismatch does. After an explicit rewind, the first save moves newer steps away."""
+    explicit = self.resume_step is not None
+    while True:
+        try:
+            self.load_checkpoint(step, initial=True)
+            break
+        except CheckpointCorruptError as e:
+            if explicit: raise
+            warnings.warn(f"checkpoint step {step} skipped: {e}", CheckpointWarning)
+            step = self._from_rank0(self._valid_before(step) if self.env.is_main else None)
+            if step is None:
+                raise RuntimeError(f"no checkpoint in {self.run_dir} loads; move the broken steps away to start afresh") from None
+    if explicit and self.env.is_main and any(s > step for s in self.ckpt.list_steps()):
+        self._abandon_after = step
+    self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
+    return step
+
+
+@patch
+def _check_config(self: Pretrainer, meta: dict, path) -> list:
+    "The config changes since checkpoint `meta`; `ConfigError` (one line) if any of them cannot be resumed."
+    changes = config_changes(meta["config"], config_to_dict(self.config))
+    fixed = refused_changes(changes)
+    old_id = meta.get("data_identity")
+    if old_id is not None and self.data_identity is not None and old_id != self.data_identity:
+        fixed.append(("the training shards (sha256 of their manifest digests)", old_id[:12], self.data_identity[:12]))
+    if fixed:
+        raise ConfigError(f"{path}: cannot resume with " + "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in fixed)
+                          + " (they fix the model's shape or the data order); resume with the old values or use a new run directory")
+    return changes
+
+@patch
+def _apply_changes(self: Pretrainer, changes: list):
+    "Log each config change `old -> new` once; put new optimizer and schedule values into the restored state."
+    for k, a, b in changes: self.log(f"[resume] {k}: {a!r} -> {b!r}")
+    if not any(k.split(".", 1)[1] in OPTIMIZER_KEYS for k, _, _ in changes if k.startswith("training.")): return
+    t, s = self.config.training, self.scheduler
+    decays = [g["weight_decay"] > 0 for g in self.raw_model.param_groups(1.0)]   # which groups decay
+    for g, decays_here in zip(self.optimizer.param_groups, decays):
+        g.update(weight_decay=t.weight_decay if decays_here else 0.0, betas=tuple(t.betas), eps=t.eps, initial_lr=t.lr)
+    s.base_lrs = [t.lr] * len(self.optimizer.param_groups)       # LambdaLR restored the old peak lr from its state
+    for g, fn in zip(self.optimizer.param_groups, s.lr_lambdas): g["lr"] = t.lr * fn(s.last_epoch)
+    s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
 # %% ../nbs/11_train.ipynb #71e16f11
 def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
@@ -461,12 +589,13 @@ def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
         warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(run_dir)))
 
 
-def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None) -> dict:
+def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
+                 reset_optimizer: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
     Returns run_dir, first/final step, first/final validation loss, every eval, tokens seen and wall time."""
     if cfg.training.dry_run:
         cfg = dry_run_config(cfg)
-    trainer = Pretrainer(cfg, resume_step=resume_step, log=log)
+    trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer)
     try:
         return trainer.train()
     finally:
