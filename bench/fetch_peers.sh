@@ -10,6 +10,9 @@
 #   kernels (mamba_ssm/ops/triton/mamba3/). bench/ssd_kernel.py imports them without running mamba_ssm/__init__.py,
 #   which needs the CUDA extensions.
 # - fastcore: what the notebooks' test cells import (bench/gpu_cells.py runs the `#| gpu` cells with it).
+# - gpt2.tiktoken: the GPT-2 BPE ranks (sha256 checked), copied from $MAMBA3_LITE_GPT2_RANKS or
+#   ~/.cache/mamba3-lite/gpt2.tiktoken, so that the e2e smoke tokenizes real text there (the suite points
+#   MAMBA3_LITE_GPT2_RANKS at it); without it the smoke says so and uses synthetic token shards.
 # The build needs torch, setuptools and wheel in $PYTHON (default .venv/bin/python, else python3). The wheels are
 # checked to be pure Python and the folder to stay far under the device tool's 64 MiB.
 set -euo pipefail
@@ -49,10 +52,21 @@ unzip -l "$whl" | grep -q "mamba_ssm/ops/triton/mamba3/mamba3_siso_combined.py" 
   || die "$(basename "$whl") lacks mamba_ssm/ops/triton/mamba3/mamba3_siso_combined.py"
 cp "$whl" "$PEERS/"
 
+RANKS_SHA=306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930
+RANKS=${MAMBA3_LITE_GPT2_RANKS:-$HOME/.cache/mamba3-lite/gpt2.tiktoken}
+rm -f "$PEERS/gpt2.tiktoken"
+if echo "$RANKS_SHA  $RANKS" | sha256sum -c --status 2>/dev/null; then
+  cp "$RANKS" "$PEERS/gpt2.tiktoken"
+  echo "== GPT-2 ranks: $RANKS"
+else
+  echo "== GPT-2 ranks: none at $RANKS with sha256 $RANKS_SHA (mamba3-lite install-tokenizer --from-pypi fetches them);"
+  echo "   the device's e2e smoke will use synthetic token shards"
+fi
+
 for w in "$PEERS"/*.whl; do
   [[ "$w" == *-none-any.whl ]] || die "$w is not a pure-Python wheel"
 done
 total=$(du -sk "$PEERS" | cut -f1)
 (( total < 16384 )) || die "$PEERS holds ${total} KiB; the device tool carries 64 MiB in all with the tree"
 ls -l "$PEERS"
-echo "bench/peers: $(ls "$PEERS" | wc -l) wheels, ${total} KiB (carry it: see bench/README.md)"
+echo "bench/peers: $(ls "$PEERS" | wc -l) files, ${total} KiB (carry it: see bench/README.md)"

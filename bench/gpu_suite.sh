@@ -118,6 +118,10 @@ if compgen -G "$PEERS_DIR/*.whl" > /dev/null; then
   fi
 fi
 export PYTHONPATH="$PWD${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -z "${MAMBA3_LITE_GPT2_RANKS:-}" && -f "$PEERS_DIR/gpt2.tiktoken" ]]; then   # carried GPT-2 ranks (fetch_peers.sh)
+  MAMBA3_LITE_GPT2_RANKS="$(cd "$PEERS_DIR" && pwd)/gpt2.tiktoken"; export MAMBA3_LITE_GPT2_RANKS
+  PEERS_NOTE="$PEERS_NOTE; GPT-2 ranks from $PEERS_DIR/gpt2.tiktoken"
+fi
 echo "$TITLE"
 echo "$PEERS_NOTE"
 
