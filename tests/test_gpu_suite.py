@@ -173,3 +173,15 @@ def test_gpu_cells_without_ipython(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     log = json.loads((tmp_path / "gpu_cells.json").read_text())["results"][0]["log_tail"]
     assert "IPython not installed; IPython.display replaced by a stand-in" in log and "<Image x.png>" in log, log
+
+
+def test_e2e_data_check_on_synthetic_shards(tmp_path):
+    "Without GPT-2 ranks the e2e smoke's data check writes synthetic shards with a manifest, and they load."
+    env = {k: v for k, v in os.environ.items() if k != "MAMBA3_LITE_GPT2_RANKS"}
+    env.update(TIKTOKEN_CACHE_DIR=str(tmp_path / "empty_cache"), OMP_NUM_THREADS="1")
+    out = tmp_path / "e2e.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e_gpu_smoke.py"), "--cpu", "--threads", "1", "--checks", "2",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["ok"] and res["meta"]["corpus"]["kind"].startswith("synthetic"), res["meta"]["corpus"]
