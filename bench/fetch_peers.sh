@@ -9,7 +9,9 @@
 #   (no CUDA extension is compiled and no prebuilt wheel is looked for): the wheel holds the official Mamba-3 Triton
 #   kernels (mamba_ssm/ops/triton/mamba3/). bench/ssd_kernel.py imports them without running mamba_ssm/__init__.py,
 #   which needs the CUDA extensions.
-# - fastcore: what the notebooks' test cells import (bench/gpu_cells.py runs the `#| gpu` cells with it).
+# - fastcore and blake3: package requirements the GPU image lacks (fastcore is pure Python; blake3 is the one
+#   compiled wheel here, for the image's CPython 3.12 on manylinux x86_64); fastcore also serves the notebooks'
+#   test cells (bench/gpu_cells.py).
 # - gpt2.tiktoken: the GPT-2 BPE ranks (sha256 checked), copied from $MAMBA3_LITE_GPT2_RANKS or
 #   ~/.cache/mamba3-lite/gpt2.tiktoken, so that the e2e smoke tokenizes real text there (the suite points
 #   MAMBA3_LITE_GPT2_RANKS at it); without it the smoke says so and uses synthetic token shards.
@@ -25,6 +27,8 @@ FLA_VERSION=0.6.0
 EINOPS_VERSION=0.8.2
 MAMBA_VERSION=2.3.2.post1
 FASTCORE_VERSION=1.14.5
+BLAKE3_VERSION=1.0.11
+DEVICE_PY=3.12   # the GPU image's python3
 PEERS=bench/peers
 die() { echo "fetch_peers.sh: $*" >&2; exit 1; }
 
@@ -39,6 +43,11 @@ echo "== wheels: fla-core $FLA_VERSION, einops $EINOPS_VERSION, fastcore $FASTCO
 "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: -d "$PEERS" \
   "fla-core==$FLA_VERSION" "einops==$EINOPS_VERSION" "fastcore==$FASTCORE_VERSION" \
   || die "pip download of the fla-core / einops / fastcore wheels failed"
+
+echo "== blake3 $BLAKE3_VERSION for CPython $DEVICE_PY, manylinux x86_64"
+"$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$DEVICE_PY" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$PEERS" \
+  "blake3==$BLAKE3_VERSION" || die "pip download of the blake3 wheel for CPython $DEVICE_PY failed"
 
 echo "== mamba-ssm $MAMBA_VERSION sdist -> pure-Python wheel (no CUDA build)"
 export MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE
@@ -64,7 +73,7 @@ else
 fi
 
 for w in "$PEERS"/*.whl; do
-  [[ "$w" == *-none-any.whl ]] || die "$w is not a pure-Python wheel"
+  [[ "$w" == *-none-any.whl || "$w" == */blake3-* ]] || die "$w is not a pure-Python wheel"
 done
 total=$(du -sk "$PEERS" | cut -f1)
 (( total < 16384 )) || die "$PEERS holds ${total} KiB; the device tool carries 64 MiB in all with the tree"

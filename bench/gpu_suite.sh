@@ -111,11 +111,22 @@ PEERS_DIR=${PEERS_DIR:-bench/peers}
 SITE="$WORK/site"
 PEERS_NOTE="no $PEERS_DIR/*.whl: fla and the official kernel are reported unavailable (run bench/fetch_peers.sh, carry $PEERS_DIR)"
 if compgen -G "$PEERS_DIR/*.whl" > /dev/null; then
-  if "$PYTHON" -m pip install --quiet --no-deps --no-index --no-compile --target "$SITE" "$PEERS_DIR"/*.whl > "$WORK/peers_install.log" 2>&1; then
-    PEERS_NOTE="peers from $PEERS_DIR: $(cd "$PEERS_DIR" && ls *.whl | tr '\n' ' ')"
+  if "$PYTHON" -m pip install --quiet --no-deps --no-index --no-compile --target "$SITE" "$PEERS_DIR"/*-none-any.whl > "$WORK/peers_install.log" 2>&1; then
+    PEERS_NOTE="peers from $PEERS_DIR: $(cd "$PEERS_DIR" && ls *-none-any.whl | tr '\n' ' ')"
   else
-    PEERS_NOTE="pip could not install $PEERS_DIR/*.whl (see logs.tgz: peers_install.log); peers reported unavailable"
+    PEERS_NOTE="pip could not install $PEERS_DIR/*-none-any.whl (see logs.tgz: peers_install.log); peers reported unavailable"
   fi
+  # compiled wheels (blake3, for the GPU image's python): installed only where the package is missing and the wheel fits
+  for w in "$PEERS_DIR"/*.whl; do
+    [[ "$w" == *-none-any.whl ]] && continue
+    pkg=$(basename "$w"); pkg=${pkg%%-*}
+    "$PYTHON" -c "import $pkg" 2>/dev/null && continue
+    if "$PYTHON" -m pip install --quiet --no-deps --no-index --no-compile --target "$SITE" "$w" >> "$WORK/peers_install.log" 2>&1; then
+      PEERS_NOTE="$PEERS_NOTE $(basename "$w")"
+    else
+      PEERS_NOTE="$PEERS_NOTE; $pkg missing and $(basename "$w") does not fit this python"
+    fi
+  done
 fi
 export PYTHONPATH="$PWD${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
 if [[ -z "${MAMBA3_LITE_GPT2_RANKS:-}" && -f "$PEERS_DIR/gpt2.tiktoken" ]]; then   # carried GPT-2 ranks (fetch_peers.sh)
