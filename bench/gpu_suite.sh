@@ -29,7 +29,8 @@
 # $OUT (default bench/results/<UTC date>_<device>) receives exactly three files, rewritten after every section:
 # summary.md (status table + every section's tables), results.json (every section's JSON), logs.tgz (all logs and
 # raw outputs). Peers: the wheels in bench/peers/ (bench/fetch_peers.sh) are installed with --no-deps --no-index into
-# a temporary --target folder put on PYTHONPATH; without them fla and the official kernel are reported unavailable.
+# a temporary --target folder put on PYTHONPATH (a compiled wheel, blake3, only where the package is missing); without
+# them fla and the official kernel are reported unavailable. bench/peers/gpt2.tiktoken becomes MAMBA3_LITE_GPT2_RANKS.
 # Environment: OUT, PYTHON (default .venv/bin/python, else python3), PEERS_DIR (default bench/peers),
 # SUITE_CAP_<section> (seconds: replaces that section's cap, e.g. for a longer rerun of one section).
 # Exit status: 0 if every section that ran passed, 1 otherwise, 2 on a usage error.
