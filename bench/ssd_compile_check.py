@@ -75,7 +75,9 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
     "Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row."
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     fn = getattr(kern, f"_ssd_{kind}_kernel")
-    every = dict(L=L, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True,
+    NH = max(N // 2, 16)
+    every = dict(L=L, P=P, N=N, NH=min(NH, 32) if kind == "bwd_angle" else NH,   # the angle kernel: <= 32 pairs
+                 HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True,
                  STORE=True, DOT_DTYPE=dot, PREC="ieee")
     consts = {k: v for k, v in every.items() if k in fn.arg_names}
     options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
@@ -115,7 +117,7 @@ def main(argv=None):
             for bias in biases:
                 for L in a.chunk:
                     for kind in a.kernels:
-                        configs = ([kern.default_config(kind, arch)] if a.default_config else
+                        configs = ([kern.default_config(kind, arch, a.N)] if a.default_config else
                                    [dict(num_warps=w, num_stages=s) for w in a.warps for s in a.stages])
                         for cfg in configs:
                             warps, stages = cfg["num_warps"], cfg["num_stages"]

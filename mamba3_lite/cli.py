@@ -116,6 +116,7 @@ def prepare_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
+# %% ../nbs/12_cli.ipynb #1ec08bb8
 def prepare_cli(argv=None) -> int:
     "`mamba3-lite prepare ...`; returns the exit code."
     from mamba3_lite.data import prepare_corpus
@@ -159,7 +160,6 @@ def install_tokenizer_cli(argv=None) -> int:
             print(f"tiktoken reads it when TIKTOKEN_CACHE_DIR={a.cache_dir}")
         return 0
     return run_cli(p, argv, body)
-
 
 # %% ../nbs/12_cli.ipynb #8630f37c
 def _positive(s: str) -> int:
@@ -289,7 +289,7 @@ def eval_cli(argv=None) -> int:
         return 0
     return run_cli(eval_parser(), argv, body)
 
-
+# %% ../nbs/12_cli.ipynb #16873548
 def eval_tasks(a) -> int:
     "`eval --tasks`: lm-eval-harness on a run's checkpoint; prints the table, writes the results JSON."
     from mamba3_lite.harness import Mamba3LM, results_path, results_table, run_tasks, write_results

@@ -161,6 +161,7 @@ except ImportError:                                    # the extra is missing: M
 
 EVAL_EXTRA = ("lm_eval", "eval", "mamba3-lite eval --tasks (lm-evaluation-harness)")
 
+# %% ../nbs/15_harness.ipynb #d620a513
 class Mamba3LM(_HarnessBase):
     "An lm-eval-harness model: a `Mamba3Transformer` with GPT-2 BPE; batched log-likelihoods, prefill + O(1) decode."
     def __init__(self, model: Mamba3Transformer, encoding=None, max_length: int = 2048, batch_size: int = 8,

@@ -58,10 +58,10 @@ def _mm(a, b, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _load_pairs(ptr, lrow, mt, N: tl.constexpr, NH: tl.constexpr):
-    """Even and odd columns of the (L, N) rows `lrow` (valid where `mt`) of `ptr`, as (L, NH) fp32 tiles: one contiguous
-    load split in two; below N = 32 (NH = 16 > N/2) two strided loads padded with zeros."""
-    if N // 2 == NH:
-        n = tl.arange(0, N)
+    """The first NH (even, odd) column pairs of the rows `lrow` (row stride N, valid where `mt`) of `ptr`, as (L, NH) fp32
+    tiles: one contiguous load split in two; below N = 32 (NH = 16 > N/2) two strided loads padded with zeros."""
+    if 2 * NH <= N:
+        n = tl.arange(0, 2 * NH)
         v = tl.load(ptr + lrow[:, None] * N + n[None, :], mask=mt[:, None], other=0.).to(tl.float32)
         e, o = tl.split(tl.reshape(v, (v.shape[0], NH, 2)))
     else:
@@ -73,10 +73,10 @@ def _load_pairs(ptr, lrow, mt, N: tl.constexpr, NH: tl.constexpr):
 
 @triton.jit
 def _store_pairs(ptr, lrow, mt, e, o, N: tl.constexpr, NH: tl.constexpr):
-    "Store (L, NH) even/odd tiles as the (L, N) rows `lrow` of `ptr` (cast to its dtype): the inverse of `_load_pairs`."
-    if N // 2 == NH:
-        n = tl.arange(0, N)
-        v = tl.reshape(tl.join(e, o), (e.shape[0], N))
+    "Store (L, NH) even/odd tiles as the first NH column pairs of the rows `lrow` of `ptr`: the inverse of `_load_pairs`."
+    if 2 * NH <= N:
+        n = tl.arange(0, 2 * NH)
+        v = tl.reshape(tl.join(e, o), (e.shape[0], 2 * NH))
         tl.store(ptr + lrow[:, None] * N + n[None, :], v.to(ptr.dtype.element_ty), mask=mt[:, None])
     else:
         j = tl.arange(0, NH)
@@ -297,11 +297,14 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dphit_ptr,
                           db_ptr, dc_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
                           L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Rotate one (batch, head)'s dB̃, dC̃ back to dB, dC and turn the angle gradient into dω, dΔ and dΦ₀: a reverse
-    walk over the chunks carrying dL/d(angle carry); grid (H, b)."""
-    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    """Rotate one (batch, head)'s dB̃, dC̃ back to dB, dC and turn the angle gradient into dω, dΔ (a partial sum per
+    block of pairs) and dΦ₀: a reverse walk over the chunks carrying dL/d(angle carry); grid (H, b, blocks of NH pairs)."""
+    ih, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    NJ = tl.num_programs(2)
     bh = ib * H + ih
-    t = tl.arange(0, L); j = tl.arange(0, NH)
+    t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH)                 # this block's pairs
+    b_ptr += 2 * jb * NH; c_ptr += 2 * jb * NH; gb_ptr += 2 * jb * NH; gc_ptr += 2 * jb * NH
+    db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH
     gphi = tl.load(dphit_ptr + bh * S + j, mask=j < S, other=0.)          # dL/d(angle carry out of the chunk)
     c = NC - 1
     while c >= 0:
@@ -313,12 +316,12 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
                                    tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.), S)
         cs, sn = tl.cos(phi), tl.sin(phi)
         # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
-        be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
+        be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr + 2 * jb * NH, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
         be, bo = _rotate(be, bo, cs, sn)
         ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
         dphi = go * be - ge * bo
         _store_pairs(db_ptr + t0 * H * N, xrow, mt, ge * cs + go * sn, go * cs - ge * sn, N, NH)
-        ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
+        ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr + 2 * jb * NH, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
         ce, co = _rotate(ce, co, cs, sn)
         ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
         dphi += go * ce - ge * co
@@ -329,7 +332,7 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
                  mask=mt[:, None] & (j < S)[None, :])
         om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :],   # ω again: cheaper
                      mask=mt[:, None] & (j < S)[None, :], other=0.)                           # than holding it
-        tl.store(ddt_ptr + row, tl.sum(ddl * om, axis=1), mask=mt)                       # ω = 0 for j >= S
+        tl.store(ddt_ptr + row * NJ + jb, tl.sum(ddl * om, axis=1), mask=mt)            # ω = 0 for j >= S
         c -= 1
     tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
 
@@ -338,9 +341,11 @@ KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the lau
 _DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},    # A100
                    90: {k: dict(num_warps=8, num_stages=1) for k in KERNELS}}    # H100/H200
 
-def default_config(kind, arch=90):
-    "num_warps/num_stages of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later)."
-    return dict(_DEFAULT_CONFIG[90 if arch >= 90 else 80][kind])
+def default_config(kind, arch=90, N=128):
+    "num_warps/num_stages of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later), d_state N."
+    cfg = dict(_DEFAULT_CONFIG[90 if arch >= 90 else 80][kind])
+    if kind == "rotate" and N <= 64: cfg["num_warps"] = 4   # 8 warps: ptxas settles on 128 registers and spills
+    return cfg
 
 def _env_int(name):
     "Integer value of env var `name`, or None when unset."
@@ -349,10 +354,10 @@ def _env_int(name):
     try: return int(raw)
     except ValueError: raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
 
-def _launch_config(kind):
+def _launch_config(kind, N=128):
     "num_warps/num_stages of kernel `kind` on this GPU (sm_90 without one), after the TRITON_PER_CHUNK_* overrides."
     major, minor = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
-    cfg = default_config(kind, 10 * major + minor)
+    cfg = default_config(kind, 10 * major + minor, N)
     for key, env in (("num_warps", "TRITON_PER_CHUNK_NUM_WARPS"), ("num_stages", "TRITON_PER_CHUNK_NUM_STAGES")):
         val = _env_int(env)
         if val is not None: cfg[key] = val
@@ -369,7 +374,7 @@ def _dot_dtype(dtype):
 def _launch(kernel, kind, grid, *args, **meta):
     "Launch with the 'fwd'/'bwd' config; a config that does not fit on the GPU becomes a ValueError that says what to do."
     try:
-        kernel[grid](*args, **meta, **_launch_config(kind))
+        kernel[grid](*args, **meta, **_launch_config(kind, meta["N"]))
     except OutOfResources as e:
         dims = f"chunk_size={meta['L']}, P={meta.get('P', '-')}, N={meta['N']}"
         raise ValueError(f"ssd_triton: the {kind} kernel does not fit on this GPU at {dims} ({e}); "
@@ -441,12 +446,14 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
             HAS_D=D is not None)
     dom, ddt, dphi0 = none(), none(), none()
     if om is not None:
-        dom, ddt = torch.empty(b, T, H, S, **f32), torch.empty(b, T, H, **f32)
+        JB = min(max(N // 2, 16), 32)                                    # pairs per program: what fits in registers
+        NJ = max(N // 2, 16) // JB
+        dom, ddt = torch.empty(b, T, H, S, **f32), torch.empty(b, T, H, NJ, **f32)   # dΔ: one sum per pair block
         dphi0 = torch.empty(b, H, S, **f32)
-        _launch(_wrapped(_ssd_bwd_angle_kernel), "bwd_angle", (H, b), B, C, adt if Bb is None else Bb,
+        _launch(_wrapped(_ssd_bwd_angle_kernel), "bwd_angle", (H, b, NJ), B, C, adt if Bb is None else Bb,
                 adt if Cb is None else Cb, om, dt, phis, gB, gC, dphit, dB, dC, dom, ddt, dphi0,
-                T, H, S, NC, OM_H, int(OM_H > 1), G, H // G,
-                L=chunk_size, N=N, NH=max(N // 2, 16), HAS_BIAS=Bb is not None)
+                T, H, S, NC, OM_H, int(OM_H > 1), G, H // G, L=chunk_size, N=N, NH=JB, HAS_BIAS=Bb is not None)
+        ddt = ddt.sum(-1)
         if OM_H == 1: dom = dom.sum(2, keepdim=True)                     # ω shared by the heads
     dBb = none() if Bb is None else dB.sum((0, 1)).to(Bb.dtype)            # (H, N)
     dCb = none() if Cb is None else dC.sum((0, 1)).to(Cb.dtype)

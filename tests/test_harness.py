@@ -182,3 +182,18 @@ def test_cli_eval_tasks_on_a_run_directory(tmp_path):
                       (["--checkpoint-dir", run_dir, "--tasks", "local_qa,nope_m3l", "--include-path", tasks], "unknown lm-eval task(s) nope_m3l")):
         r = run("eval", *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr and msg in r.stderr, (args, r.stderr)
+
+
+def test_exported_and_imported_models_give_the_same_answers(lm, tmp_path):
+    "A model written in the official mamba_ssm layout, read back directly or imported as a run, answers as the original."
+    from mamba3_lite.interop import from_pretrained, import_run, save_pretrained
+    save_pretrained(lm.model, tmp_path / "exported", torch_bin=False)
+    import_run(tmp_path / "exported", tmp_path / "run")
+    tasks = str(write_tasks(tmp_path))
+    want = run_tasks(lm, ["local_qa", "local_docs"], include_path=tasks, log_samples=True)["samples"]
+    for other in (Mamba3LM(from_pretrained(tmp_path / "exported"), max_length=32, batch_size=3, progress=False),
+                  Mamba3LM.from_run_dir(tmp_path / "run", max_length=32, batch_size=3, progress=False)):
+        got = run_tasks(other, ["local_qa", "local_docs"], include_path=tasks, log_samples=True)["samples"]
+        for task in ("local_qa", "local_docs"):
+            flat = lambda samples: [r[0][0] if isinstance(r[0], (list, tuple)) else r[0] for s in samples for r in s["resps"]]
+            assert flat(got[task]) == pytest.approx(flat(want[task]), abs=1e-3), task
