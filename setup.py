@@ -14,6 +14,8 @@ requirements.append("triton; platform_system == 'Linux'")
 extras = {
     "wandb": ["wandb"],
     "dev": cfg["dev_requirements"].split(),
+    "data": cfg["data_requirements"].split(),
+    "eval": cfg["eval_requirements"].split(),
 }
 readme = Path(__file__).parent / "README.md"
 

@@ -3,10 +3,13 @@
 1. spanning-window fetch: PretrainDataset (tensor/numpy piece copies) vs the reference's Python-list stitch;
 2. random-access windows/s over a generated >= 1 GB uint16 corpus, and the resident memory of the reading process;
 3. `prepare` throughput (MB/s of source text) with 1 and 2 tokenizer threads on the Python standard library sources
-   (needs the GPT-2 ranks: $MAMBA3_LITE_GPT2_RANKS or tiktoken's cache; skipped with a note otherwise).
+   (needs the GPT-2 ranks: $MAMBA3_LITE_GPT2_RANKS or tiktoken's cache; skipped with a note otherwise);
+4. `prepare` from a >= 1 GB parquet set and from the same texts as one .jsonl: text MB/s, tokens/s and peak RSS with 1 and
+   2 tokenizer threads, each run in a fresh process (needs the [data] extra: pyarrow).
 
     .venv/bin/python bench/data_cpu.py                 # defaults: L=2048, 1.0 GiB corpus
-    .venv/bin/python bench/data_cpu.py --corpus-gib 0.1 --skip-prepare   # quick
+    .venv/bin/python bench/data_cpu.py --corpus-gib 0.1 --skip-prepare --parquet-gb 0   # quick
+    .venv/bin/python bench/data_cpu.py --only-parquet                              # section 4 alone
 """
 import argparse
 import json
@@ -22,8 +25,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mamba3_lite.data import (PretrainDataset, prepare_corpus, stdlib_corpus_files, window_fast,  # noqa: E402
-                              window_naive, write_shard)
+from mamba3_lite.data import PretrainDataset, window_fast, window_naive, write_shard  # noqa: E402
+from mamba3_lite.prepare import prepare_corpus, stdlib_corpus_files  # noqa: E402
 from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TokenizerUnavailableError, gpt2_encoding  # noqa: E402
 
 
@@ -181,6 +184,85 @@ def bench_prepare(tmp, repeats):
     return rows
 
 
+def make_text_corpus(root, gb):
+    """>= gb GB of UTF-8 text as documents (the stdlib sources, repeated with a pass number so no two are equal), written
+    twice with the same documents in the same order: one .jsonl and a directory of parquet files (zstd, no dictionary,
+    row groups of 1,024 documents, ~128 MB of text per file). Returns (text bytes, documents, jsonl path, parquet dir)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    base = [f.read_text(encoding="utf-8", errors="replace") for f in stdlib_corpus_files()]
+    jl, pqdir = root / "corpus.jsonl", root / "parquet"
+    pqdir.mkdir(parents=True)
+    n_bytes = n_docs = part = 0
+    pending, pending_bytes = [], 0
+    def flush():
+        nonlocal pending, pending_bytes, part
+        pq.write_table(pa.table({"id": pa.array(range(n_docs - len(pending), n_docs), pa.int64()), "text": pending}),
+                       pqdir / f"part-{part:05d}.parquet", row_group_size=1024, compression="zstd", use_dictionary=False)
+        pending, pending_bytes, part = [], 0, part + 1
+    with open(jl, "w", encoding="utf-8") as fj:
+        rep = 0
+        while n_bytes < gb * 1e9:
+            for text in base:
+                doc = f"# pass {rep}\n{text}"
+                fj.write(json.dumps({"text": doc, "id": n_docs}) + "\n")
+                b = len(doc.encode("utf-8"))
+                n_bytes, n_docs = n_bytes + b, n_docs + 1
+                pending.append(doc); pending_bytes += b
+                if pending_bytes >= 128e6: flush()
+                if n_bytes >= gb * 1e9: break
+            rep += 1
+    if pending: flush()
+    return n_bytes, n_docs, jl, pqdir
+
+
+def prepare_child(spec):
+    "Run in a fresh process: one prepare, then its wall time, CPU time, tokens and peak RSS as JSON."
+    torch.set_num_threads(1)
+    s = json.loads(spec)
+    t, c = time.perf_counter(), time.process_time()
+    res = prepare_corpus(s["inputs"], s["out"], shard_size_tokens=s["shard"], val_fraction=0.001, workers=s["workers"],
+                         progress=False)
+    dt, cpu = time.perf_counter() - t, time.process_time() - c
+    print(json.dumps({"seconds": dt, "cpu": cpu, "tokens": res["train"]["n_tokens"] + res["val"]["n_tokens"],
+                      "shas": [sh["sha256"] for sp in ("train", "val") for sh in res[sp]["shards"]], "peak_rss": rss_mb()[1]}))
+
+
+def bench_parquet(tmp, gb):
+    "Section 4: prepare from a parquet set vs the same texts as .jsonl, 1 and 2 tokenizer threads, fresh process each."
+    try:
+        gpt2_encoding()
+        import pyarrow  # noqa: F401
+    except (TokenizerUnavailableError, FileNotFoundError, ValueError, ImportError) as e:
+        print(f"\n4. prepare from parquet: SKIPPED ({str(e).splitlines()[0]}; pyarrow: pip install 'mamba3-lite[data]')")
+        return None
+    t = time.perf_counter()
+    n_bytes, n_docs, jl, pqdir = make_text_corpus(tmp / "text", gb)
+    t_gen = time.perf_counter() - t
+    on_disk = {"parquet": sum(f.stat().st_size for f in pqdir.glob("*.parquet")), "jsonl": jl.stat().st_size}
+    rows = []
+    # the four comparable runs (50M-token shards, the default), then parquet with 5M-token shards: the peak RSS follows
+    # the shard writer's buffer, not the input's size
+    for fmt, inp, w, shard in (("parquet", pqdir, 1, 50_000_000), ("parquet", pqdir, 2, 50_000_000), ("jsonl", jl, 1, 50_000_000),
+                               ("jsonl", jl, 2, 50_000_000), ("parquet", pqdir, 1, 5_000_000)):
+        spec = json.dumps({"inputs": [str(inp)], "out": str(tmp / "out"), "workers": w, "shard": shard})
+        r = subprocess.run([sys.executable, __file__, "--_prepare_child", spec], capture_output=True, text=True, check=True)
+        rows.append((fmt, w, shard, json.loads(r.stdout.strip().splitlines()[-1])))
+        shutil.rmtree(tmp / "out")
+    same = len({tuple(j["shas"]) for _, _, shard, j in rows if shard == 50_000_000}) == 1
+    print(f"\n4. prepare from parquet vs .jsonl, the same {n_docs:,} documents = {n_bytes / 1e9:.2f} GB of UTF-8 text (stdlib sources "
+          f"repeated; generated in {t_gen:.0f}s): parquet {on_disk['parquet'] / 1e6:,.0f} MB on disk ({len(list(pqdir.glob('*.parquet')))} "
+          f"files, zstd), jsonl {on_disk['jsonl'] / 1e6:,.0f} MB; fresh process each, page cache warm from writing")
+    print("   peak RSS = the process's high-water mark (VmHWM), interpreter and torch included; the shard writer holds up to one "
+          "shard's tokens (as uint32) and its copies while writing it")
+    print(f"   identical shards from the four 50M-token-shard runs: {same}; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'input':>8} {'threads':>8} {'shard tokens':>13} {'wall s':>7} {'CPU/wall':>9} {'text MB/s':>10} {'Mtok/s':>7} {'peak RSS MB':>12} {'tokens':>14}")
+    for fmt, w, shard, j in rows:
+        print(f"{fmt:>8} {w:>8} {shard:>13,} {j['seconds']:>7.1f} {j['cpu'] / j['seconds']:>9.2f} {n_bytes / 1e6 / j['seconds']:>10.2f} "
+              f"{j['tokens'] / j['seconds'] / 1e6:>7.2f} {j['peak_rss']:>12.0f} {j['tokens']:>14,}")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, default=2048, help="window length L (default 2048, production)")
@@ -190,19 +272,27 @@ def main():
     ap.add_argument("--max-resident-mb", type=float, default=32, help="PretrainDataset page-release budget")
     ap.add_argument("--prepare-repeats", type=int, default=2, help="best of N prepare runs per thread count")
     ap.add_argument("--skip-prepare", action="store_true", help="skip the stdlib prepare throughput part")
+    ap.add_argument("--parquet-gb", type=float, default=1.0, help="GB of text for the parquet vs .jsonl prepare (default 1.0; 0 skips it)")
+    ap.add_argument("--only-parquet", action="store_true", help="run section 4 only")
     ap.add_argument("--tmp", default=None, help="scratch directory (default: a new temp dir, deleted at the end)")
     ap.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--_prepare_child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._child:
         path, L, n, b = a._child
         return random_access_child(path, int(L), int(n), float(b))
+    if a._prepare_child:
+        return prepare_child(a._prepare_child)
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="m3l_bench_", dir=a.tmp))
     try:
-        bench_spanning(a.seq_len, a.span_windows, tmp)
-        bench_random(a.seq_len, a.corpus_gib, a.random_windows, a.max_resident_mb, tmp)
-        if not a.skip_prepare:
-            bench_prepare(tmp, a.prepare_repeats)
+        if not a.only_parquet:
+            bench_spanning(a.seq_len, a.span_windows, tmp)
+            bench_random(a.seq_len, a.corpus_gib, a.random_windows, a.max_resident_mb, tmp)
+            if not a.skip_prepare:
+                bench_prepare(tmp, a.prepare_repeats)
+        if a.parquet_gb > 0:
+            bench_parquet(tmp, a.parquet_gb)
     finally:
         shutil.rmtree(tmp)
 

@@ -1,4 +1,4 @@
-"""End-to-end smoke of Mamba-3-Lite on one GPU (issue 8): six checks, each PASS/FAIL with its numbers and time.
+"""End-to-end smoke of Mamba-3-Lite on one GPU: six checks, each PASS/FAIL with its numbers and time.
 
 1. kernel:     `ssd_triton` vs `ssd_chunked`, forward + backward (y, final state, every input gradient), fp32 and
                bf16 (against an fp32 `ssd_chunked` fed the same bf16-rounded inputs).
@@ -193,7 +193,8 @@ def gpt2_ranks_source():
 def ensure_corpus(ctx) -> Path:
     "Write the smoke corpus once (ctx.corpus: dir with train/ and val/ shards) and return it."
     if ctx.corpus is not None: return ctx.corpus
-    from mamba3_lite.data import prepare_corpus, write_shard
+    from mamba3_lite.data import DTYPE_NAMES, token_dtype_code, write_shard
+    from mamba3_lite.prepare import prepare_corpus
     from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE
     out = ctx.workdir / "corpus"
     rng = np.random.default_rng(0)
@@ -215,8 +216,13 @@ def ensure_corpus(ctx) -> Path:
         stream = synthetic_tokens(rng, 2 * n_train + n_val, GPT2_EOS_ID)
         for split, parts in (("train", [stream[:n_train], stream[n_train:2 * n_train]]), ("val", [stream[2 * n_train:]])):
             (out / split).mkdir(parents=True, exist_ok=True)
-            for k, toks in enumerate(parts):
-                write_shard(out / split / f"shard_{k:06d}.bin", toks, vocab_size=GPT2_VOCAB_SIZE, eos_id=GPT2_EOS_ID)
+            shards = [dict(file=f"shard_{k:06d}.bin", n_tokens=int(toks.size),
+                           dtype=DTYPE_NAMES[token_dtype_code(GPT2_VOCAB_SIZE)],
+                           sha256=write_shard(out / split / f"shard_{k:06d}.bin", toks, vocab_size=GPT2_VOCAB_SIZE,
+                                              eos_id=GPT2_EOS_ID)) for k, toks in enumerate(parts)]
+            manifest = dict(format="mamba3-lite-shards", tokenizer="synthetic (no BPE)", vocab_size=GPT2_VOCAB_SIZE,
+                            eos_id=GPT2_EOS_ID, n_tokens=sum(s["n_tokens"] for s in shards), shards=shards)
+            (out / split / "manifest.json").write_text(json.dumps(manifest, indent=1))   # what prepare commits last
         ctx.corpus_info = dict(kind="synthetic Markov token shards (write_shard)", ranks=None,
                                train_tokens=2 * n_train, val_tokens=n_val, train_shards=2)
     ctx.corpus = out
@@ -444,7 +450,7 @@ def check_train(ctx, c: Check):
 def check_generate(ctx, c: Check):
     from mamba3_lite.checkpoint import CheckpointManager
     from mamba3_lite.model import Mamba3Transformer, ModelConfig
-    from mamba3_lite.train import load_trained
+    from mamba3_lite.evaluate import load_trained
 
     dev = ctx.device
     if CheckpointManager(ctx.run_dir).latest_step() is not None:

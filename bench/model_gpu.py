@@ -21,6 +21,7 @@ SXM 989 TFLOP/s, A100 312, L4 121, ...) or given with --peak-tflops. Variants, o
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -83,23 +84,34 @@ def main(argv=None):
         loss.backward()
         return loss
 
-    for _ in range(a.warmup):
-        loss = train_step()
-    sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
-        loss = train_step()
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    base = dict(bench="model_gpu", preset=a.preset, params=model.num_parameters(), batch=a.batch, seq_len=a.seq_len,
+                dtype=a.dtype, grad_checkpoint=a.grad_checkpoint, ssd_dispatch=a.ssd_dispatch,
+                chunk_size=cfg.chunk_size, device=dev_name)
+    try:
+        for _ in range(a.warmup):
+            loss = train_step()
         sync(device)
-        times.append(time.perf_counter() - t0)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for _ in range(a.steps):
+            t0 = time.perf_counter()
+            loss = train_step()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    except torch.OutOfMemoryError as e:   # a result for this configuration (one line), not a crash
+        first = str(e).splitlines()[0][:200]
+        print(f"model_gpu.py: out of memory at batch {a.batch} x {a.seq_len}, grad_checkpoint={a.grad_checkpoint}: {first}")
+        if a.json:
+            with open(a.json, "a") as f:
+                f.write(json.dumps(dict(base, error=f"out of memory: {first}")) + "\n")
+        return 1
     t = statistics.median(times)
     tokens_per_s = a.batch * a.seq_len / t
     fpt = cfg.flops_per_token(a.seq_len)
     mfu = fpt * tokens_per_s / (peak * 1e12)
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{a.preset}: {model.num_parameters():,} params, {fpt / 1e9:.3f} GFLOP/token (train), device {dev_name}, "
           f"peak {peak:g} TFLOP/s")
     print(f"{'batch x seq':>12} {'dtype':>6} {'ckpt':>5} {'ssd':>8} {'ms/step':>9} {'tokens/s':>11} {'MFU':>7} "
@@ -108,13 +120,12 @@ def main(argv=None):
           f"{t * 1e3:>9.1f} {tokens_per_s:>11,.0f} {mfu:>7.1%} {'-' if mem is None else f'{mem:.1f}':>9} "
           f"{loss.item():>7.3f}")
     if a.json:
-        rec = dict(bench="model_gpu", preset=a.preset, params=model.num_parameters(), batch=a.batch,
-                   seq_len=a.seq_len, dtype=a.dtype, grad_checkpoint=a.grad_checkpoint, ssd_dispatch=a.ssd_dispatch,
-                   chunk_size=cfg.chunk_size, device=dev_name, ms_per_step=t * 1e3, tokens_per_s=tokens_per_s,
-                   flops_per_token=fpt, peak_tflops=peak, mfu=mfu, peak_mem_gib=mem, steps=a.steps)
+        rec = dict(base, ms_per_step=t * 1e3, tokens_per_s=tokens_per_s, flops_per_token=fpt, peak_tflops=peak, mfu=mfu,
+                   peak_mem_gib=mem, steps=a.steps)
         with open(a.json, "a") as f:
             f.write(json.dumps(rec) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

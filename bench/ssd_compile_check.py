@@ -1,12 +1,15 @@
-"""Compile the fused SSD kernels ahead of time for an NVIDIA target — no GPU needed — and report what ptxas says.
+"""Compile the SSD kernels ahead of time for NVIDIA targets — no GPU needed — and report what ptxas says.
 
 The Triton interpreter (CPU CI) runs the kernels' math but never compiles them, so it cannot catch what only the
 compiler rejects (layouts, dot shapes, loop-carried types) nor say anything about register pressure. This script
-lowers `_ssd_fwd_kernel` / `_ssd_bwd_kernel` through Triton's NVIDIA backend for `--arch` (default 90, H100/H200),
-runs the ptxas bundled with Triton with `-v`, and prints registers, spill bytes and shared memory per config.
+lowers each kernel of `mamba3_lite.ssd_triton` (`KERNELS`: rotate, fwd, bwd_state, bwd_chunk, bwd_angle) through
+Triton's NVIDIA backend for each `--arch` (80: A100, 90: H100/H200), specialised as a launch at T=2048, H=32, S=32
+would be (ints equal to 1 as constants, 16-divisible ints and pointers with divisibility hints), runs the ptxas that
+ships with Triton with Triton's own flags, and prints registers, spill bytes and shared memory per config; `--out`
+(or $OUT) also gets the table as ssd_compile_check.json.
 
-    python bench/ssd_compile_check.py                         # bf16, L=64, warps 4 and 8
-    python bench/ssd_compile_check.py --chunk 32 64 128 --warps 4 8 16 --dtype bf16 fp32
+    python bench/ssd_compile_check.py --arch 80 90 --default-config --fail-on-spill   # what CI checks
+    python bench/ssd_compile_check.py --arch 90 --chunk 32 64 --warps 4 8 16 --stages 1 2 --P 64 --N 64
 """
 import argparse
 import json
@@ -27,22 +30,39 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mamba3_lite import ssd_triton as kern  # noqa: E402
 
-HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "db_ptr", "dc_ptr")
+HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "bt_ptr", "ct_ptr", "dhs_ptr")
 INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG")
 
 
-def signature(fn, dtype, constexprs):
-    "Triton signature: x/B/C/y (and their gradients) in `dtype`, the rest fp32 pointers, int32 sizes."
-    return {name: "constexpr" if name in constexprs else "i32" if name in INTS
-            else f"*{dtype}" if name in HALF_PTRS else "*fp32" for name in fn.arg_names}
+def launch_ints(T, H, S, L, bias):
+    "The integer arguments of a launch at this shape: shared B/C (one group, shared angles) with bias, else per head."
+    G = 1 if bias else H
+    return dict(T=T, H=H, S=S, NC=-(-T // L), OM_H=1, om_hs=0, G=G, HG=H // G)
+
+
+def specialise(fn, dtype, consts, half_grads, ints):
+    """Signature, constexprs and attributes as Triton builds them at launch: ints equal to 1 become constexprs, ints
+    divisible by 16 and (16-byte aligned) pointers carry a divisibility hint, which lets loads and stores vectorise."""
+    half = HALF_PTRS + (("db_ptr", "dc_ptr") if half_grads else ())
+    consts = dict(consts, **{k: 1 for k in fn.arg_names if ints.get(k) == 1})
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        sig[name] = "i32" if name in INTS else f"*{dtype}" if name in half else "*fp32"
+        if name not in INTS or ints[name] % 16 == 0:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, consts, attrs
 
 
 def ptxas_report(ptx, arch):
-    "Registers, spill bytes and stack of the PTX, from the ptxas that ships with Triton."
+    "Registers, spill bytes and stack of the PTX, from the ptxas that ships with Triton, run with Triton's own flags."
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
-    out = subprocess.run([str(ptxas), "-v", f"--gpu-name=sm_{arch}a", f.name, "-o", os.devnull],
+    out = subprocess.run([str(ptxas), "-lineinfo", "-v", "--regAllocOptLevel=2",
+                          f"--gpu-name=sm_{arch}{'a' if arch >= 90 else ''}", f.name, "-o", os.devnull],
                          capture_output=True, text=True)
     os.unlink(f.name)
     text = out.stderr
@@ -51,56 +71,72 @@ def ptxas_report(ptx, arch):
                 spill_load_bytes=num(r"(\d+) bytes spill loads"), stack_bytes=num(r"(\d+) bytes stack frame"))
 
 
-def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True):
+def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32):
+    "Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row."
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
-    common = dict(L=L, P=P, N=N, NH=max(N // 2, 16), HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, DOT_DTYPE=dot,
-                  PREC="ieee")
-    fn, consts = ((kern._ssd_fwd_kernel, dict(common, HAS_H0=True, STORE=True)) if kind == "fwd"
-                  else (kern._ssd_bwd_kernel, common))
+    fn = getattr(kern, f"_ssd_{kind}_kernel")
+    NH = max(N // 2, 16)
+    every = dict(L=L, P=P, N=N, NH=min(NH, 32) if kind == "bwd_angle" else NH,   # the angle kernel: <= 32 pairs
+                 HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True,
+                 STORE=True, DOT_DTYPE=dot, PREC="ieee")
+    consts = {k: v for k, v in every.items() if k in fn.arg_names}
+    options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     t0 = time.perf_counter()
-    ck = triton.compile(ASTSource(fn=fn, signature=signature(fn, dtype, consts), constexprs=consts),
-                        target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
-    return dict(kernel=kind, dtype=dtype, L=L, P=P, N=N, num_warps=warps, num_stages=stages, arch=arch, bias=bias,
-                shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
+    sig, consts, attrs = specialise(fn, dtype, consts, kind == "bwd_angle" and not bias, launch_ints(T, H, S, L, bias))
+    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                        target=GPUTarget("cuda", arch, 32), options=options)
+    return dict(kernel=kind, arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, num_warps=warps, num_stages=stages,
+                maxnreg=maxnreg, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
                 **ptxas_report(ck.asm["ptx"], arch))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability (90: H100/H200)")
+    p.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities (80: A100, 90: H100/H200)")
+    p.add_argument("--kernels", nargs="+", default=list(kern.KERNELS), choices=list(kern.KERNELS))
     p.add_argument("--chunk", type=int, nargs="+", default=[64])
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--stages", type=int, default=1)
+    p.add_argument("--stages", type=int, nargs="+", default=[1])
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"])
     p.add_argument("--P", type=int, default=64)
     p.add_argument("--N", type=int, default=128)
     p.add_argument("--bias", default="both", choices=["on", "off", "both"],
                    help="compile the shared-B/C + bias variant (HAS_BIAS), the per-head one, or both")
+    p.add_argument("--default-config", action="store_true",
+                   help="compile each kernel at its default launch config for the arch (ignores --warps/--stages)")
+    p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")
     p.add_argument("--out", default=None, help="directory for ssd_compile_check.json (default: $OUT if set)")
     a = p.parse_args(argv)
     rows, failed = [], False
-    print(f"triton {triton.__version__}, sm_{a.arch}a, P={a.P} N={a.N}, num_stages={a.stages}")
-    print(f"{'kernel':6} {'dtype':5} {'bias':4} {'L':>4} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'smem KiB':>8} "
-          f"{'compile s':>9}")
+    print(f"triton {triton.__version__}, P={a.P} N={a.N}")
+    print(f"{'kernel':9} {'arch':>4} {'dtype':5} {'bias':4} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
+          f"{'spill st/ld B':>14} {'smem KiB':>8} {'compile s':>9}")
     biases = {"on": (True,), "off": (False,), "both": (False, True)}[a.bias]
-    for dtype in a.dtype:
-        for bias in biases:
-            for L in a.chunk:
-                for warps in a.warps:
-                    for kind in ("fwd", "bwd"):
-                        head = f"{kind:6} {dtype:5} {'yes' if bias else 'no':4} {L:4} {warps:5}"
-                        try:
-                            r = compile_kernel(kind, dtype, L, a.P, a.N, warps, a.stages, a.arch, bias)
-                        except Exception as e:  # a compile error is the finding: report it and fail at the end
-                            failed = True
-                            r = dict(kernel=kind, dtype=dtype, L=L, num_warps=warps, bias=bias,
-                                     error=f"{type(e).__name__}: {e}"[:2000])
-                            print(f"{head} COMPILE ERROR {r['error'][:300]}")
+    for arch in a.arch:
+        for dtype in a.dtype:
+            for bias in biases:
+                for L in a.chunk:
+                    for kind in a.kernels:
+                        configs = ([kern.default_config(kind, arch, a.N)] if a.default_config else
+                                   [dict(num_warps=w, num_stages=s) for w in a.warps for s in a.stages])
+                        for cfg in configs:
+                            warps, stages = cfg["num_warps"], cfg["num_stages"]
+                            head = f"{kind:9} {arch:4} {dtype:5} {'yes' if bias else 'no':4} {L:4} {warps:5} {stages:6}"
+                            try:
+                                r = compile_kernel(kind, dtype, L, a.P, a.N, warps, stages, arch, bias,
+                                                   cfg.get("maxnreg"))
+                            except Exception as e:  # a compile error is the finding: report it and fail at the end
+                                failed = True
+                                r = dict(kernel=kind, arch=arch, dtype=dtype, L=L, num_warps=warps,
+                                         num_stages=stages, bias=bias, error=f"{type(e).__name__}: {e}"[:2000])
+                                print(f"{head} COMPILE ERROR {r['error'][:300]}")
+                                rows.append(r)
+                                continue
                             rows.append(r)
-                            continue
-                        rows.append(r)
-                        print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
-                              f"{r['shared_bytes'] / 1024:8.0f} {r['compile_s']:9.1f}")
+                            spills = r["spill_store_bytes"] + r["spill_load_bytes"]
+                            failed |= a.fail_on_spill and spills > 0
+                            print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
+                                  f"{r['shared_bytes'] / 1024:8.0f} {r['compile_s']:9.1f}", flush=True)
     out = a.out or os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
-"""GPU benchmark of the fused Triton SSD (`mamba3_lite.ssd_triton.ssd_triton`) against its peers (issue 3).
+"""GPU benchmark of the fused Triton SSD (`mamba3_lite.ssd_triton.ssd_triton`) against its peers.
 
-1. Correctness gate (nothing is timed if it fails): fp32 ieee kernel vs `ssd_chunked` (y, states, every gradient),
-   bf16 kernel vs an fp32 `ssd_chunked` fed the same bf16-rounded inputs, and fla / the official kernel on the cases
-   they can express, at a small shape.
+1. Correctness gate (nothing is timed if it fails) at the 434M layer shape (H 32, P 64, N 128, S 32, chunk 64) with
+   T 2048, batch 2: fp32 kernel vs `ssd_chunked` (y, final state, every gradient), bf16 kernel vs an fp32
+   `ssd_chunked` fed the same bf16-rounded inputs; bounds in TOL. Then fla / the official kernel against ours on
+   the cases they can express (information: their conventions may differ).
 2. Forward and forward+backward timings: median over >= 100 reps after warm-up, L2 flushed before each rep, CUDA
    events around the call only; peak memory above the inputs; achieved TFLOP/s on the nominal SSD FLOP count; %
    of the roofline lower bound; every peer's time divided by ours (> 1: we are faster).
@@ -14,17 +15,29 @@ for the ratio) if `fla` imports; the official `mamba3_siso_combined` if it impor
 compared with ours on the same interface).
 
     python bench/ssd_kernel.py                    # full run (GPU), writes $OUT or bench/results/
+    python bench/ssd_kernel.py --part gate        # correctness only (fp32 and bf16 at the 434M layer shape)
+    python bench/ssd_kernel.py --part time --shapes main --no-compile   # timings at b16 T2048 only, no gate
     python bench/ssd_kernel.py --smoke            # one shape, fewer reps, no torch.compile
     python bench/ssd_kernel.py --smoke --cpu      # tiny shapes through the Triton interpreter (harness check only)
+
+Peers come from bench/peers/ (bench/fetch_peers.sh): fla-core, einops and a pure-Python mamba_ssm wheel.
+`mamba_ssm/__init__.py` imports its CUDA extensions, so the official kernel is imported with the package's
+`__init__` bypassed (`load_official`). Their `triton.autotune` lists (27 to 81 configs per kernel for the
+official kernel, up to 48 for fla) are cut to `--peer-configs` configs per kernel (the ones nearest to 4 warps,
+2 stages, no register cap, in the library's own order) so that their compile time fits one device command;
+`--peer-configs 0` keeps every config. The JSON and markdown are rewritten after the gate and after each shape,
+so a run stopped by SIGINT (`timeout -s INT`) keeps what finished.
 """
 import argparse
 import datetime
+import importlib.util
 import json
 import math
 import os
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 # The interpreter must be chosen before mamba3_lite.ssd_triton (and triton) are imported.
@@ -36,8 +49,6 @@ import torch  # noqa: E402
 from mamba3_lite.ssd import SSDState, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state  # noqa: E402
 from mamba3_lite.ssd_triton import ssd_triton  # noqa: E402
 
-ISSUE_ROOFLINE_FWD_US = 67.0   # issue 3: ≈ 67 µs forward per layer at the main shape on an H200
-
 
 # ---------------------------------------------------------------- shapes, FLOPs, bytes
 def ssd_flops(b, T, H, P, N, L):
@@ -46,16 +57,22 @@ def ssd_flops(b, T, H, P, N, L):
     return chunks * (2 * L * L * (N + P) + 4 * L * N * P), chunks * (6 * L * L * N + 4 * L * L * P + 8 * L * N * P)
 
 
-def roofline_us(b, T, H, P, N, S, peak_tflops, peak_tbps):
-    """Lower bounds (fwd, fwd+bwd) in µs at L = 64 for the minimal interface: bf16 x, y, B and C shared by the
-    heads (G = 1), bf16 angle logits, three bf16 per-token-head scalars. fwd moves inputs I + output O; fwd+bwd
-    moves 3I + 2O (backward reads I and dO, writes dI)."""
+def min_bytes(b, T, H, P, N, S):
+    """Fewest HBM bytes (fwd, fwd+bwd) for the minimal interface: bf16 x, y, B and C shared by the heads (G = 1),
+    bf16 angle logits, three bf16 per-token-head scalars. fwd moves inputs I + output O; fwd+bwd moves 3I + 2O
+    (backward reads I and dO, writes dI)."""
     th = b * T * H
     inp = th * (2 * P + 6) + b * T * (2 * 2 * N + 2 * S)
     out = th * 2 * P
+    return inp + out, 3 * inp + 2 * out
+
+
+def roofline_us(b, T, H, P, N, S, peak_tflops, peak_tbps):
+    "Lower bounds (fwd, fwd+bwd) in µs at L = 64: max(nominal FLOPs / peak, `min_bytes` / bandwidth)."
     f_fwd, f_bwd = ssd_flops(b, T, H, P, N, 64)
+    by_fwd, by_all = min_bytes(b, T, H, P, N, S)
     bound = lambda flops, nbytes: 1e6 * max(flops / (peak_tflops * 1e12), nbytes / (peak_tbps * 1e12))
-    return bound(f_fwd, inp + out), bound(f_fwd + f_bwd, 3 * inp + 2 * out)
+    return bound(f_fwd, by_fwd), bound(f_fwd + f_bwd, by_all)
 
 
 # ---------------------------------------------------------------- timing
@@ -104,7 +121,7 @@ class Timer:
 
 # ---------------------------------------------------------------- inputs and candidates
 def make_inputs(b, T, H, P, N, S, device, dtype, seed=0, mamba2=False):
-    "Spec §4 inputs; x, B, C in `dtype`, the per-token scalars fp32. mamba2=True: λ ≡ 1, no theta, no D."
+    "`ssd_random_inputs` with x, B, C in `dtype`, the per-token scalars fp32. mamba2=True: λ ≡ 1, no theta, no D."
     kw = ssd_random_inputs(b=b, T=T, H=H, P=P, N=N, S=S, dtype=torch.float32, seed=seed, device=device)
     for k in ("x", "B", "C"):
         kw[k] = kw[k].to(dtype)
@@ -113,20 +130,59 @@ def make_inputs(b, T, H, P, N, S, device, dtype, seed=0, mamba2=False):
     return kw
 
 
-def load_fla():
+def limit_autotune(modules, keep):
+    """Cut every `triton.autotune` config list found in `modules` (through `heuristics` / `jit` wrappers) to the `keep`
+    configs nearest to 4 warps, 2 stages and no register cap, ties in the library's order. Returns (kernels, before,
+    after) config counts. keep <= 0 leaves them all."""
+    import triton
+    seen, before, after = set(), 0, 0
+    pref = lambda c: (abs(getattr(c, "num_warps", 4) - 4), abs(getattr(c, "num_stages", 2) - 2),
+                      getattr(c, "maxnreg", None) is not None)
+    for mod in modules:
+        for obj in list(vars(mod).values()):
+            while obj is not None and id(obj) not in seen:
+                seen.add(id(obj))
+                cfgs = getattr(obj, "configs", None)
+                if isinstance(cfgs, list) and cfgs and all(isinstance(c, triton.Config) for c in cfgs):
+                    before += len(cfgs)
+                    if keep > 0:
+                        obj.configs = sorted(cfgs, key=pref)[:keep]
+                    after += len(obj.configs)
+                obj = getattr(obj, "fn", None)
+    return before, after
+
+
+def peer_modules(prefix):
+    return [m for name, m in list(sys.modules.items()) if m is not None and (name == prefix or name.startswith(prefix + "."))]
+
+
+def load_fla(keep):
+    "fla's chunk_simple_gla with its autotune lists cut to `keep`, or one line saying why it is unavailable."
     try:
         from fla.ops.simple_gla import chunk_simple_gla
-        return chunk_simple_gla
     except Exception as e:  # not installed / incompatible: reported, not fatal
         return f"fla unavailable: {type(e).__name__}: {e}"[:200]
+    before, after = limit_autotune(peer_modules("fla"), keep)
+    return chunk_simple_gla, f"fla: ok, autotune configs {after} of {before}"
 
 
-def load_official():
+def load_official(keep):
+    """The official `mamba3_siso_combined` (https://github.com/state-spaces/mamba, mamba_ssm/ops/triton/mamba3/).
+    `mamba_ssm/__init__.py` imports the CUDA extensions a pure-Python wheel does not have, so the package is entered
+    through a stand-in module that has only its path; the Triton submodules import as usual beneath it."""
     try:
+        spec = importlib.util.find_spec("mamba_ssm")   # finds the package without running its __init__
+        if spec is None or not spec.submodule_search_locations:
+            return "mamba_ssm unavailable: not installed (bench/fetch_peers.sh builds its wheel into bench/peers/)"
+        if "mamba_ssm" not in sys.modules:
+            pkg = types.ModuleType("mamba_ssm")
+            pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
+            sys.modules["mamba_ssm"] = pkg
         from mamba_ssm.ops.triton.mamba3.mamba3_siso_combined import mamba3_siso_combined
-        return mamba3_siso_combined
     except Exception as e:
         return f"mamba_ssm unavailable: {type(e).__name__}: {e}"[:200]
+    before, after = limit_autotune(peer_modules("mamba_ssm"), keep)
+    return mamba3_siso_combined, f"official: ok, autotune configs {after} of {before}"
 
 
 def fla_args(kw):
@@ -168,93 +224,134 @@ def shared_inputs(kw, seed=0):
 
 
 # ---------------------------------------------------------------- correctness gate
-def gate(device, interp, has_fla, has_official):
-    "Small-shape equivalence checks; returns a list of (check, value, bound, ok)."
-    rows = []
-    shape = dict(b=2, T=100 if not interp else 40, H=2, P=16 if interp else 64, N=32 if interp else 128, S=4 if interp else 32)
+GATE_GPU = dict(b=2, T=2048, H=32, P=64, N=128, S=32)   # the 434M layer (H, P, N, S) at T 2048, batch 2
+GATE_CPU = dict(b=2, T=40, H=2, P=16, N=32, S=4)
+TOL = {"fp32 y": 1e-4, "fp32 h": 1e-4, "fp32 grad": 1e-3, "bf16 y": 2e-2, "bf16 h": 2e-2, "bf16 grad": 5e-2}
+
+
+def gate(device, interp, rows, on_rows):
+    """Equivalence checks at the 434M layer shape (GATE_GPU, chunk 64; tiny through the interpreter), appended to
+    `rows` as (check, value, bound, ok), on_rows() after each precision. nmax = max |a - b| / max |b|. fp32: ours vs `ssd_chunked` on the same inputs;
+    bf16: ours on bf16 x, B, C vs `ssd_chunked` in fp32 on the same bf16-rounded values. Every gradient (x, dt, A, B,
+    C, lam, theta, D, and the initial state on CPU) enters the worst-gradient number. On the GPU the initial state is
+    left out so that the gate compiles the same kernels the timings run (bench/e2e_gpu_smoke.py checks it)."""
+    shape = GATE_CPU if interp else GATE_GPU
     L = 16 if interp else 64
     kw = make_inputs(**shape, device=device, dtype=torch.float32, seed=1)
-    st = ssd_random_state(b=shape["b"], H=shape["H"], P=shape["P"], N=shape["N"], S=shape["S"], dtype=torch.float32, device=device)
+    st = ssd_random_state(b=shape["b"], H=shape["H"], P=shape["P"], N=shape["N"], S=shape["S"], dtype=torch.float32,
+                          device=device) if interp else None
     leaves = lambda d: {k: (v.detach().clone().requires_grad_(True) if torch.is_tensor(v) else v) for k, v in d.items()}
 
     def run(fn, d, s):
-        d = leaves(d); s = SSDState(*(t.detach().clone().requires_grad_(True) for t in s))
+        d = leaves(d)
+        s = SSDState(*(t.detach().clone().requires_grad_(True) for t in s)) if s is not None else None
         y, out = fn(**d, initial_state=s, chunk_size=L)
         gen = torch.Generator(device="cpu").manual_seed(0)
         loss = sum((o.float() * torch.randn(o.shape, generator=gen).to(device)).sum() for o in (y, *out) if o.numel())
         loss.backward()
-        named = {**d, **{f"state.{k}": v for k, v in s._asdict().items()}}
+        named = {**d, **({f"state.{k}": v for k, v in s._asdict().items()} if s is not None else {})}
         return y, out, {k: v.grad for k, v in named.items() if torch.is_tensor(v) and v.numel()}
 
     def max_grad_err(ga, gr):
-        "Worst gradient nmax over all inputs; a gradient present on one path only counts as a failure."
-        errs = [nmax(ga[k], gr[k]) if ga[k] is not None and gr[k] is not None else
-                (0.0 if ga[k] is None and gr[k] is None else float("inf")) for k in gr]
-        return max(errs)
+        "(worst gradient nmax, its input); a gradient present on one path only counts as a failure."
+        errs = {k: nmax(ga[k], gr[k]) if ga[k] is not None and gr[k] is not None else
+                (0.0 if ga[k] is None and gr[k] is None else float("inf")) for k in gr}
+        worst = max(errs, key=errs.get)
+        return errs[worst], worst
 
-    y_r, s_r, g_r = run(ssd_chunked, kw, st)
-    y_t, s_t, g_t = run(ssd_triton, kw, st)
-    rows.append(("fp32 y vs ssd_chunked", nmax(y_t, y_r), 1e-4))
-    rows.append(("fp32 final h vs ssd_chunked", nmax(s_t.h, s_r.h), 1e-4))
-    rows.append(("fp32 max grad vs autograd", max_grad_err(g_t, g_r), 1e-3))
-    if not interp:
+    where = "b{b} T{T} H{H} P{P} N{N} S{S}".format(**shape) + f" L{L}"
+    check = lambda name, val, bound: rows.append((name, val, bound, bool(val <= bound)))
+    if not interp:   # bf16 first: the precision the model trains in (the interpreter's bf16 tl.dot is wrong)
         kw16 = {k: (v.to(torch.bfloat16) if k in ("x", "B", "C") else v) for k, v in kw.items()}
         kw32 = {k: (v.float() if torch.is_tensor(v) else v) for k, v in kw16.items()}
         y16, s16, g16 = run(ssd_triton, kw16, st)
         y32, s32, g32 = run(ssd_chunked, kw32, st)
-        rows.append(("bf16 y vs fp32 on rounded inputs", nmax(y16, y32), 2e-2))
-        rows.append(("bf16 final h vs fp32", nmax(s16.h, s32.h), 2e-2))
-        rows.append(("bf16 max grad vs fp32", max_grad_err(g16, g32), 2e-2))
+        err, worst = max_grad_err(g16, g32)
+        check(f"bf16 y vs fp32 ssd_chunked on rounded inputs ({where})", nmax(y16, y32), TOL["bf16 y"])
+        check("bf16 final h vs fp32", nmax(s16.h, s32.h), TOL["bf16 h"])
+        check(f"bf16 worst grad vs fp32 ({worst})", err, TOL["bf16 grad"])
+        del y16, s16, g16, y32, s32, g32
+        on_rows()
+    y_r, s_r, g_r = run(ssd_chunked, kw, st)
+    y_t, s_t, g_t = run(ssd_triton, kw, st)
+    err, worst = max_grad_err(g_t, g_r)
+    check(f"fp32 y vs ssd_chunked ({where})", nmax(y_t, y_r), TOL["fp32 y"])
+    check("fp32 final h vs ssd_chunked", nmax(s_t.h, s_r.h), TOL["fp32 h"])
+    check(f"fp32 worst grad vs ssd_chunked autograd ({worst})", err, TOL["fp32 grad"])
+    on_rows()
+
+
+def peer_gate(device, interp, has_fla, has_official):
+    """Agreement of fla (Mamba-2 case) and the official kernel (shared B/C + biases) with ours at the gate shape, bf16.
+    Information, not a gate: a peer's conventions may differ; an exception counts as inf with its line printed."""
+    shape, L, rows = (GATE_CPU if interp else GATE_GPU), (16 if interp else 64), []
+
     def peer_check(name, bound, compute):
-        "A peer's agreement with ours is information (its conventions may differ); an exception counts as inf."
+        if time.perf_counter() > DEADLINE:
+            print(f"  gate {name}: not started (past --deadline-s)")
+            return
         try:
             rows.append((name, compute(), bound))
         except Exception as e:
             print(f"  gate {name}: {type(e).__name__}: {e}"[:300])
             rows.append((name, float("inf"), bound))
 
-    if has_fla:
-        m2 = make_inputs(**shape, device=device, dtype=torch.bfloat16, seed=2, mamba2=True)
-        peer_check("fla chunk_simple_gla vs ours (Mamba-2 case, bf16)", 2e-2,
-                   lambda: nmax(FLA(**fla_args(m2))[0], ssd_triton(**m2, chunk_size=L)[0]))
     if has_official:
         oa = official_args(shape["b"], shape["T"], shape["H"], shape["P"], shape["N"], shape["S"], device, torch.bfloat16)
         peer_check("official mamba3_siso_combined vs ours (bf16)", 5e-2,
                    lambda: nmax(OFFICIAL(**oa, chunk_size=L), ssd_triton(**official_as_ours(oa), chunk_size=L)[0]))
+    if has_fla:
+        m2 = make_inputs(**shape, device=device, dtype=torch.bfloat16, seed=2, mamba2=True)
+        peer_check("fla chunk_simple_gla vs ours (Mamba-2 case, bf16)", 2e-2,
+                   lambda: nmax(FLA(**fla_args(m2))[0], ssd_triton(**m2, chunk_size=L)[0]))
     return [(name, val, bound, bool(val <= bound)) for name, val, bound in rows]
 
 
 # ---------------------------------------------------------------- one shape
-def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok):
+def add_ratios(rows):
+    "peer / ours time for every timed row: fla vs ours on the Mamba-2 case, the official vs ours with shared B/C."
+    best = {r["candidate"]: r for r in rows if "fwd_ms" in r}
+    for r in rows:
+        name = r["candidate"]
+        ref = best.get("ours (Mamba-2 case)" if "Mamba-2" in name else
+                       "ours (shared B/C + bias)" if name.startswith("official") else "ours")
+        if "fwd_ms" in r and ref:
+            r["fwd_ratio_vs_ours"] = r["fwd_ms"] / ref["fwd_ms"]
+            r["fwdbwd_ratio_vs_ours"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
+
+
+def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok, rows, on_row):
+    """Time every candidate at shape `sh`, appending to `rows` and calling on_row() after each (the caller rewrites
+    its files). Past DEADLINE only ours and the eager `ssd_chunked` (nothing to compile) still start."""
     b, T, H, P, N, S, L = (sh[k] for k in ("b", "T", "H", "P", "N", "S", "L"))
     f_fwd, f_bwd = ssd_flops(b, T, H, P, N, L)
     r_fwd, r_all = roofline_us(b, T, H, P, N, S, a.peak_tflops, a.peak_tbps)
+    by_fwd, by_all = min_bytes(b, T, H, P, N, S)
     kw = make_inputs(b, T, H, P, N, S, device, dtype)
     m2 = make_inputs(b, T, H, P, N, S, device, dtype, mamba2=True)
     ours = lambda **k: ssd_triton(**k, chunk_size=L)[0]
-    cands = {
+    cands = {   # priority order: what a budget cut leaves out comes last
         "ours": (ours, kw),
         "ours (shared B/C + bias)": (ours, shared_inputs(kw)),
-        "ours (Mamba-2 case)": (lambda **k: ssd_triton(**k, chunk_size=L)[0], m2) if fla_ok else None,
-        "ssd_chunked eager": (lambda **k: ssd_chunked(**k, chunk_size=L)[0], kw) if sh.get("eager", True) else None,
-        "ssd_chunked compiled": (lambda **k: COMPILED(**k, chunk_size=L)[0], kw) if sh.get("compile") else None,
-        "fla chunk_simple_gla (Mamba-2 case)": (lambda **k: FLA(**k)[0], fla_args(m2)) if fla_ok else None,
+        "ssd_chunked eager": (lambda **k: ssd_chunked(**k, chunk_size=L)[0], kw),
         "official mamba3_siso_combined": ((lambda **k: OFFICIAL(**k, chunk_size=L)),
                                           official_args(b, T, H, P, N, S, device, dtype)) if official_ok else None,
+        "ours (Mamba-2 case)": (ours, m2) if fla_ok else None,
+        "fla chunk_simple_gla (Mamba-2 case)": (lambda **k: FLA(**k)[0], fla_args(m2)) if fla_ok else None,
+        "ssd_chunked compiled": (lambda **k: COMPILED(**k, chunk_size=L)[0], kw) if sh.get("compile") else None,
     }
     for w in sh.get("sweep_warps", ()):   # launch-config sweep of our kernels (both fwd and bwd get `w` warps)
         cands[f"ours (num_warps={w})"] = (ours, kw, {"TRITON_PER_CHUNK_NUM_WARPS": str(w)})
-    rows = []
     for name, c in cands.items():
         if c is None:
             continue
         fn, inputs, env = c if len(c) == 3 else (*c, {})
         row = dict(shape=sh["name"], candidate=name, b=b, T=T, H=H, P=P, N=N, S=S, L=L)
+        if not name.startswith(("ours", "ssd_chunked eager")) and time.perf_counter() > DEADLINE:
+            row.update(error=f"not started: past --deadline-s {a.deadline_s:.0f} (time budget)")
+            rows.append(row); on_row(); print(f"  {name:38s} {row['error']}"); continue
         saved_env = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
-        if not name.startswith("ours") and time.perf_counter() > DEADLINE:
-            row.update(error=f"skipped: past the suite's time budget (--deadline-s {a.deadline_s:.0f})")
-            rows.append(row); print(f"  {name:38s} {row['error']}"); continue
         try:
             with torch.no_grad():
                 ms_f, n_f = timer(lambda: fn(**inputs), a.reps, a.warmup, a.budget_s)
@@ -270,6 +367,7 @@ def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok):
             mem_a = timer.peak_mb(step)
             row.update(fwd_ms=ms_f, fwd_reps=n_f, fwd_peak_mb=mem_f, fwdbwd_ms=ms_a, fwdbwd_reps=n_a, fwdbwd_peak_mb=mem_a,
                        fwd_tflops=f_fwd / (ms_f * 1e9), fwdbwd_tflops=(f_fwd + f_bwd) / (ms_a * 1e9),
+                       fwd_gbps=by_fwd / (ms_f * 1e6), fwdbwd_gbps=by_all / (ms_a * 1e6),
                        fwd_pct_roofline=100 * r_fwd / (1e3 * ms_f), fwdbwd_pct_roofline=100 * r_all / (1e3 * ms_a))
         except Exception as e:  # a peer failing (OOM, compile error) is a result, not a crash
             row.update(error=f"{type(e).__name__}: {e}"[:300])
@@ -278,60 +376,83 @@ def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok):
                 if v is None: os.environ.pop(k, None)
                 else: os.environ[k] = v
         rows.append(row)
+        add_ratios(rows)
+        on_row()
         print(f"  {name:38s} " + (f"fwd {row['fwd_ms']:9.3f} ms  fwd+bwd {row['fwdbwd_ms']:9.3f} ms"
                                     if "fwd_ms" in row else row["error"]), flush=True)
-    best = {r["candidate"]: r for r in rows if "fwd_ms" in r}
-    for r in rows:
-        name = r["candidate"]
-        ref = best.get("ours (Mamba-2 case)" if "Mamba-2" in name else
-                       "ours (shared B/C + bias)" if name.startswith("official") else "ours")
-        if "fwd_ms" in r and ref:
-            r["fwd_ratio_vs_ours"] = r["fwd_ms"] / ref["fwd_ms"]
-            r["fwdbwd_ratio_vs_ours"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
-    return rows, dict(roofline_fwd_us=r_fwd, roofline_fwdbwd_us=r_all, fwd_gflop=f_fwd / 1e9, bwd_gflop=f_bwd / 1e9)
 
 
 def markdown(meta, gate_rows, results):
     out = [f"# SSD kernel benchmark — {meta['date']} — {meta['device']}", "",
-           f"torch {meta['torch']}, triton {meta['triton']}, dtype {meta['dtype']}, mode {meta['mode']}", "",
-           "## Correctness gate", "", "| check | value | bound | ok |", "|---|---|---|---|"]
-    out += [f"| {n} | {v:.2e} | {b:.0e} | {'yes' if ok else '**NO**'} |" for n, v, b, ok in gate_rows]
-    out += ["", "## Timings (median ms; ratio = peer / ours, > 1 means ours is faster; fla is compared with ours on "
-            "the same Mamba-2 case, the official kernel with ours on the same shared-B/C + bias interface)", "",
-            "| shape | candidate | fwd ms | fwd TFLOP/s | fwd % roofline | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd % roofline "
-            "| peak MiB fwd / fwd+bwd | ratio fwd | ratio fwd+bwd |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    f = lambda v, fmt: "—" if v is None else format(v, fmt)
-    for shape in results:
-        for r in shape["rows"]:
-            if "error" in r:
-                out.append(f"| {r['shape']} | {r['candidate']} | error: {r['error'][:80]} |||||||||")
-                continue
-            out.append(f"| {r['shape']} | {r['candidate']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.1f} | "
-                       f"{r['fwd_pct_roofline']:.0f}% | {r['fwdbwd_ms']:.3f} | {r['fwdbwd_tflops']:.1f} | "
-                       f"{r['fwdbwd_pct_roofline']:.0f}% | {f(r['fwd_peak_mb'], '.0f')} / {f(r['fwdbwd_peak_mb'], '.0f')} | "
-                       f"{f(r.get('fwd_ratio_vs_ours'), '.2f')} | {f(r.get('fwdbwd_ratio_vs_ours'), '.2f')} |")
-    out += ["", f"Roofline: max(FLOPs / {meta['peak_tflops']} TFLOP/s, bytes / {meta['peak_tbps']} TB/s) for the minimal "
-            "interface (shared B/C); the issue quotes ≈ 67 µs forward at the main shape. TFLOP/s use the nominal SSD "
-            "FLOP count for every candidate. Peer notes: " + "; ".join(meta["peers"])]
+           f"torch {meta['torch']}, triton {meta['triton']}, dtype {meta['dtype']}, mode {meta['mode']}, "
+           f"part {meta['part']}" + (" (stopped early: SIGINT)" if meta.get("interrupted") else ""), ""]
+    if gate_rows:
+        out += ["## Correctness (nmax = max |ours - ref| / max |ref|)", "", "| check | value | bound | ok |",
+                "|---|---|---|---|"]
+        out += [f"| {n} | {v:.2e} | {b:.0e} | {'yes' if ok else '**NO**'} |" for n, v, b, ok in gate_rows]
+        out.append("")
+    if results:
+        out += ["## Timings (median ms; ratio = peer / ours, > 1 means ours is faster; fla is compared with ours on "
+                "the same Mamba-2 case, the official kernel with ours on the same shared-B/C + bias interface)", "",
+                "| shape | candidate | fwd ms | fwd TFLOP/s | fwd GB/s | fwd % roofline | fwd+bwd ms | fwd+bwd TFLOP/s "
+                "| fwd+bwd GB/s | fwd+bwd % roofline | peak MiB fwd / fwd+bwd | ratio fwd | ratio fwd+bwd |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        f = lambda v, fmt: "—" if v is None else format(v, fmt)
+        for shape in results:
+            for r in shape["rows"]:
+                if "error" in r:
+                    out.append(f"| {r['shape']} | {r['candidate']} | not run: {r['error'][:100]} |||||||||||")
+                    continue
+                out.append(f"| {r['shape']} | {r['candidate']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.1f} | "
+                           f"{r['fwd_gbps']:.0f} | {r['fwd_pct_roofline']:.0f}% | {r['fwdbwd_ms']:.3f} | "
+                           f"{r['fwdbwd_tflops']:.1f} | {r['fwdbwd_gbps']:.0f} | {r['fwdbwd_pct_roofline']:.0f}% | "
+                           f"{f(r['fwd_peak_mb'], '.0f')} / {f(r['fwdbwd_peak_mb'], '.0f')} | "
+                           f"{f(r.get('fwd_ratio_vs_ours'), '.2f')} | {f(r.get('fwdbwd_ratio_vs_ours'), '.2f')} |")
+        out += ["", f"Roofline: max(FLOPs / {meta['peak_tflops']} TFLOP/s, bytes / {meta['peak_tbps']} TB/s) for the "
+                "minimal interface (shared B/C, bf16); GB/s = those minimal bytes / time (the same count for every "
+                "candidate, so a candidate that moves more bytes shows its waste as a lower number). TFLOP/s use the "
+                "nominal SSD FLOP count for every candidate."]
+    if meta["peers"]:
+        out += ["", "Peers: " + "; ".join(meta["peers"])]
     return "\n".join(out) + "\n"
 
 
+SHAPES = {"main": dict(b=16, T=2048, H=32, P=64, N=128, S=32, L=64),
+          "L32": dict(b=16, T=2048, H=32, P=64, N=128, S=32, L=32),
+          "L128": dict(b=16, T=2048, H=32, P=64, N=128, S=32, L=128),
+          "T512": dict(b=64, T=512, H=32, P=64, N=128, S=32, L=64),
+          "T8192": dict(b=4, T=8192, H=32, P=64, N=128, S=32, L=64)}
+
+
 def main(argv=None):
-    global FLA, OFFICIAL, COMPILED
+    global FLA, OFFICIAL, COMPILED, DEADLINE
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="one shape, 20 reps, no torch.compile")
+    p.add_argument("--smoke", action="store_true", help="the main shape only, 20 reps, no torch.compile")
     p.add_argument("--cpu", action="store_true", help="Triton interpreter on CPU at tiny shapes (harness check)")
+    p.add_argument("--part", default="all", choices=["gate", "time", "all"],
+                   help="gate: correctness only; time: peer agreement + timings (run the gate first); all: both")
+    p.add_argument("--shapes", default=None, help=f"comma-separated, of {','.join(SHAPES)} (default: all; smoke: main)")
+    p.add_argument("--sweep-warps", default="4,16", help="extra num_warps timed for ours at the main shape ('' for none)")
     p.add_argument("--out", default=os.environ.get("OUT") or "bench/results", help="directory for JSON + markdown")
     p.add_argument("--reps", type=int, default=None, help="timed reps (default 100; smoke 20; cpu 2)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--budget-s", type=float, default=8.0, help="stop a timing loop after this many seconds (reps are reported)")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="after this many seconds, peers are skipped (ours always runs); default 400 full, 150 smoke")
+    p.add_argument("--peer-configs", type=int, default=4,
+                   help="autotune configs kept per peer kernel (0: all; the official kernel lists up to 81)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200 SXM)")
     p.add_argument("--peak-tbps", type=float, default=4.8, help="HBM bandwidth (H200)")
-    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--no-compile", action="store_true", help="leave out ssd_chunked under torch.compile")
     a = p.parse_args(argv)
+    shape_names = (a.shapes or ("main" if a.smoke else ",".join(SHAPES))).split(",")
+    if bad := [n for n in shape_names if n not in SHAPES]:
+        p.error(f"--shapes: unknown {bad}; expected names from {list(SHAPES)}")
+    try:
+        sweep = tuple(int(w) for w in a.sweep_warps.split(",") if w.strip())
+    except ValueError:
+        p.error(f"--sweep-warps: expected comma-separated integers, got {a.sweep_warps!r}")
     torch.set_flush_denormal(True)
     if a.cpu:
         torch.set_num_threads(1)
@@ -345,64 +466,84 @@ def main(argv=None):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     if a.cpu:
         dtype = torch.float32   # the interpreter's bf16 tl.dot is wrong
-    FLA = None if a.cpu else load_fla()
-    OFFICIAL = None if a.cpu else load_official()
-    peers = [FLA if isinstance(FLA, str) else ("fla: skipped on CPU" if a.cpu else "fla: ok"),
-             OFFICIAL if isinstance(OFFICIAL, str) else ("official: skipped on CPU" if a.cpu else "official: ok")]
+    peers, FLA, OFFICIAL = [], None, None
+    if a.part != "gate":   # import (and on CPU only import) the peers: the load path is part of the harness
+        for name, loader in (("fla", load_fla), ("official", load_official)):
+            got = loader(a.peer_configs)
+            if isinstance(got, str):
+                peers.append(got)
+                continue
+            fn, note = got
+            peers.append(f"{note} (imported; not run under --cpu)" if a.cpu else note)
+            if not a.cpu:
+                FLA, OFFICIAL = (fn, OFFICIAL) if name == "fla" else (FLA, fn)
     fla_ok, official_ok = callable(FLA), callable(OFFICIAL)
-    do_compile = not (a.smoke or a.cpu or a.no_compile)
+    do_compile = not (a.smoke or a.cpu or a.no_compile) and a.part != "gate"
     COMPILED = torch.compile(ssd_chunked, dynamic=False) if do_compile else None
-    if not do_compile:
-        peers.append("torch.compile: skipped (" + ("cpu" if a.cpu else "smoke" if a.smoke else "--no-compile") + ")")
+    if not do_compile and a.part != "gate":
+        peers.append("ssd_chunked under torch.compile: not run (" + ("cpu" if a.cpu else "smoke" if a.smoke else "--no-compile") + ")")
 
-    main_shape = dict(b=16, T=2048, H=32, P=64, N=128, S=32)
     if a.cpu:
-        shapes = [dict(name="cpu-tiny L16", b=1, T=64, H=2, P=16, N=32, S=4, L=16, sweep_warps=(4,)),
+        shapes = [dict(name="cpu-tiny L16", b=1, T=64, H=2, P=16, N=32, S=4, L=16, sweep_warps=sweep[:1]),
                   dict(name="cpu-tiny L32", b=1, T=64, H=2, P=16, N=32, S=4, L=32)]
-    elif a.smoke:
-        shapes = [dict(name="main L64", **main_shape, L=64)]
     else:
-        shapes = [dict(name="main L64", **main_shape, L=64, compile=do_compile, sweep_warps=(4, 16)),
-                  dict(name="main L32", **main_shape, L=32),
-                  dict(name="main L128", **main_shape, L=128),
-                  dict(name="T512 L64", **{**main_shape, "b": 64, "T": 512}, L=64),
-                  dict(name="T8192 L64", **{**main_shape, "b": 4, "T": 8192}, L=64)]
+        shapes = [dict(name=f"{n} b{SHAPES[n]['b']} T{SHAPES[n]['T']} L{SHAPES[n]['L']}", **SHAPES[n],
+                       compile=do_compile and n == "main", sweep_warps=sweep if n == "main" and not a.smoke else ())
+                  for n in shape_names]
 
     import triton
     dev_name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), device=dev_name,
                 torch=torch.__version__, triton=triton.__version__, dtype=str(dtype).replace("torch.", ""),
-                mode="cpu" if a.cpu else "smoke" if a.smoke else "full", reps=a.reps, warmup=a.warmup,
-                peak_tflops=a.peak_tflops, peak_tbps=a.peak_tbps, peers=peers,
-                issue_roofline_fwd_us=ISSUE_ROOFLINE_FWD_US)
-    print(f"SSD kernel benchmark on {dev_name} ({meta['mode']}); peers: {'; '.join(peers)}", flush=True)
+                mode="cpu" if a.cpu else "smoke" if a.smoke else "full", part=a.part, reps=a.reps, warmup=a.warmup,
+                peak_tflops=a.peak_tflops, peak_tbps=a.peak_tbps, peers=peers, tolerances=TOL)
+    print(f"SSD kernel benchmark on {dev_name} ({meta['mode']}, part {a.part}); peers: {'; '.join(peers) or 'not loaded'}",
+          flush=True)
 
     t0 = time.perf_counter()
-    global DEADLINE
     a.deadline_s = a.deadline_s if a.deadline_s is not None else (150.0 if a.smoke else 400.0)
     DEADLINE = t0 + a.deadline_s
-    gate_rows = gate(device, a.cpu, fla_ok, official_ok)
-    for n, v, b, ok in gate_rows:
-        print(f"  gate {n:50s} {v:.2e} <= {b:.0e} {'ok' if ok else 'FAILED'}")
-    # our kernel failing stops the run; a peer disagreeing is reported (API conventions may differ) but still timed
-    own_ok = all(ok for n, v, b, ok in gate_rows if not n.startswith(("fla", "official")))
-    timer = Timer(device)
-    results = []
-    if own_ok:
-        for sh in shapes:
-            print(f"shape {sh['name']}: {sh}", flush=True)
-            rows, info = bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok)
-            results.append(dict(shape=sh, rows=rows, **info))
-    meta["wall_s"] = time.perf_counter() - t0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"ssd_kernel_{meta['mode']}_{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%d_%H%M%S')}"
-    (out / f"{stem}.json").write_text(json.dumps(dict(meta=meta, gate=[dict(check=n, value=v, bound=b, ok=ok)
-                                                                        for n, v, b, ok in gate_rows],
-                                                      results=results), indent=1))
-    (out / f"{stem}.md").write_text(markdown(meta, gate_rows, results))
-    print((out / f"{stem}.md").read_text())
-    print(f"wrote {out / stem}.json and .md ({meta['wall_s']:.1f}s)")
+    stem = out / f"ssd_kernel_{meta['mode']}_{a.part}"
+    gate_rows, results, own_ok = [], [], True
+
+    def write():
+        "Rewrite the JSON and markdown with what has finished (called after the gate and after each shape)."
+        meta["wall_s"] = time.perf_counter() - t0
+        stem.with_suffix(".json").write_text(json.dumps(dict(
+            meta=meta, ok=own_ok and (bool(gate_rows) or a.part == "time"), gate=[dict(check=n, value=v, bound=b, ok=ok) for n, v, b, ok in gate_rows],
+            results=results), indent=1))
+        stem.with_suffix(".md").write_text(markdown(meta, gate_rows, results))
+
+    try:
+        if a.part in ("gate", "all"):
+            def gate_written():
+                nonlocal own_ok
+                own_ok = all(ok for *_, ok in gate_rows)
+                write()
+            gate(device, a.cpu, gate_rows, gate_written)
+        if a.part in ("time", "all") and own_ok:   # our kernel failing the gate stops the timings
+            gate_rows += peer_gate(device, a.cpu, fla_ok, official_ok)
+            write()
+            timer = Timer(device)
+            for sh in shapes:
+                print(f"shape {sh['name']}: {sh}", flush=True)
+                b, T, H, P, N, S, L = (sh[k] for k in ("b", "T", "H", "P", "N", "S", "L"))
+                (f_fwd, f_bwd), (r_fwd, r_all) = ssd_flops(b, T, H, P, N, L), roofline_us(b, T, H, P, N, S, a.peak_tflops, a.peak_tbps)
+                results.append(dict(shape=sh, rows=[], roofline_fwd_us=r_fwd, roofline_fwdbwd_us=r_all,
+                                    fwd_gflop=f_fwd / 1e9, bwd_gflop=f_bwd / 1e9))
+                bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok, results[-1]["rows"], write)
+    except KeyboardInterrupt:
+        meta["interrupted"] = True
+        write()
+        print(f"interrupted after {time.perf_counter() - t0:.0f}s; wrote what finished to {stem}.json and .md", flush=True)
+        return 130
+    for n, v, b, ok in gate_rows:
+        print(f"  gate {n:60s} {v:.2e} <= {b:.0e} {'ok' if ok else 'FAILED'}")
+    write()
+    print(stem.with_suffix(".md").read_text())
+    print(f"wrote {stem}.json and .md ({meta['wall_s']:.1f}s)")
     return 0 if own_ok else 1
 
 

@@ -8,7 +8,7 @@ flops_per_token counts 6 x params + the SSD core, not the recompute of gradient 
     ENABLE_TRITON_KERNELS=1 python bench/train_gpu.py                     # compile (default mode), no recompute
     python bench/train_gpu.py --grad-checkpoint --compile-mode max-autotune --steps 20
     python bench/train_gpu.py --smoke --cpu                               # harness check without a GPU (tiny, fp32)
-Target (issue 7): >= 100k tokens/s on one H200 (~35% MFU). bench/gpu_suite.sh runs it with --out DIR.
+Target: >= 100k tokens/s on one H200 (~35% MFU). bench/gpu_suite.sh runs it with --out DIR.
 """
 import argparse
 import json
@@ -66,19 +66,27 @@ def main(argv=None):
         w = torch.randint(0, cfg.vocab_size, (a.accum, a.batch, a.seq_len + 1), device=dev, generator=g)
         return [(w[i, :, :-1], w[i, :, 1:]) for i in range(a.accum)]
 
-    t_compile = time.perf_counter()
-    for _ in range(a.warmup):
-        r = train_step(model, opt, batches(), max_grad_norm=1.0, autocast_dtype=amp)
-    sync()
-    t_compile = time.perf_counter() - t_compile
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    data = [batches() for _ in range(a.steps)]
-    sync()
-    t0 = time.perf_counter()
-    losses = [train_step(model, opt, b, max_grad_norm=1.0, autocast_dtype=amp).loss for b in data]
-    sync()
-    dt = time.perf_counter() - t0
+    print(f"warm-up: {a.warmup} steps" + ("" if a.no_compile else f" (torch.compile mode {a.compile_mode} compiles in the first)"),
+          flush=True)
+    try:
+        t_compile = time.perf_counter()
+        for _ in range(a.warmup):
+            train_step(model, opt, batches(), max_grad_norm=1.0, autocast_dtype=amp)
+        sync()
+        t_compile = time.perf_counter() - t_compile
+        print(f"warm-up done in {t_compile:.1f}s; timing {a.steps} steps", flush=True)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        data = [batches() for _ in range(a.steps)]
+        sync()
+        t0 = time.perf_counter()
+        losses = [train_step(model, opt, b, max_grad_norm=1.0, autocast_dtype=amp).loss for b in data]
+        sync()
+        dt = time.perf_counter() - t0
+    except torch.OutOfMemoryError as e:   # one line for this configuration, not a traceback
+        print(f"bench/train_gpu.py: out of memory at micro-batch {a.batch} x {a.seq_len} "
+              f"(grad_checkpoint={a.grad_checkpoint}): {str(e).splitlines()[0][:200]}", file=sys.stderr)
+        return 1
     assert all(math.isfinite(x) for x in losses), losses
     tokens = a.steps * a.accum * a.batch * a.seq_len
     tps = tokens / dt

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['USER_ERRORS', 'COMMANDS', 'DEFAULT_PROMPT', 'UsageError', 'CLIParser', 'run_cli', 'main', 'prepare_parser',
-           'prepare_cli', 'install_tokenizer_cli', 'train_parser', 'train_cli', 'eval_parser', 'eval_cli',
+           'prepare_cli', 'install_tokenizer_cli', 'train_parser', 'train_cli', 'eval_parser', 'eval_cli', 'eval_tasks',
            'generate_parser', 'generate_cli', 'export_parser', 'export_cli', 'import_parser', 'import_cli',
            'quickstart_parser', 'quickstart', 'quickstart_cli']
 
@@ -17,12 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from .files import RunLockedError
 from .tokenizer import (RANKS_ENV, WHISPER_SDIST, TokenizerUnavailableError, gpt2_encoding, install_tokenizer,
-                                   ranks_from_pypi)
+                                   ranks_from_index)
 
 
 # %% ../nbs/12_cli.ipynb #1edc4d03
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError)
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError,
+               RunLockedError)
 
 class UsageError(Exception):
     "A command-line usage mistake (a bad flag or value), raised by `CLIParser` and printed by `run_cli`."
@@ -85,13 +87,15 @@ def main(argv=None) -> int:
 
 # %% ../nbs/12_cli.ipynb #b5b72a9f
 def prepare_parser() -> argparse.ArgumentParser:
-    from mamba3_lite.data import DEFAULT_INCLUDE
+    from mamba3_lite.prepare import DEFAULT_INCLUDE
     p = CLIParser(prog="mamba3-lite prepare", description=
         "Tokenize text with GPT-2 BPE (50,257 ids, EOS 50,256 after every document) into flat uint16 shards "
-        "OUT/train/shard_NNNNNN.bin and OUT/val/shard_NNNNNN.bin, each with a manifest.json. Re-running keeps "
-        "finished shards that already match.")
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files (one document each), .jsonl files (one document per line) "
-                   "or directories (searched recursively for files matching --include)")
+        "OUT/train/shard_NNNNNN.bin and OUT/val/shard_NNNNNN.bin, each with a manifest.json. Inputs: text, .jsonl and "
+        ".parquet files or directories, or one Hugging Face dataset (--hf-dataset). Re-running keeps finished shards "
+        "that already match.")
+    p.add_argument("inputs", nargs="*", metavar="INPUT", help="text files (one document each), .jsonl files (one document per line), "
+                   ".parquet files (one document per row) or directories (searched recursively for files matching --include); "
+                   "none with --hf-dataset")
     p.add_argument("--out", required=True, help="output directory (created; train/ and val/ go inside)")
     p.add_argument("--shard-size-tokens", type=int, default=50_000_000, help="tokens per shard, the last one shorter (default: 50,000,000 = 100 MB of uint16)")
     g = p.add_mutually_exclusive_group()
@@ -99,17 +103,31 @@ def prepare_parser() -> argparse.ArgumentParser:
     g.add_argument("--val-fraction", type=float, help="a share F of tokens goes to val, spread over the corpus, whole documents (default: 0.01)")
     p.add_argument("--include", action="append", metavar="GLOB", help=f"file-name pattern for files inside directories; repeatable (default: {' '.join(DEFAULT_INCLUDE)})")
     p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="tokenizer threads (default: min(4, CPUs))")
-    p.add_argument("--text-field", default="text", help="field of each .jsonl record that holds the text (default: text)")
+    p.add_argument("--text-field", default="text", help="field of each .jsonl record, column of a .parquet file or of a dataset "
+                   "that holds the text (default: text)")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="stop at the first document boundary at or past N tokens (default: all)")
+    h = p.add_argument_group("Hugging Face datasets (pip install 'mamba3-lite[data]')")
+    h.add_argument("--hf-dataset", metavar="NAME|DIR", help="read this dataset instead of INPUT files: a hub name, streamed "
+                   "(e.g. HuggingFaceFW/fineweb-edu), a builder over --hf-data-files (json, parquet, text), or a save_to_disk directory")
+    h.add_argument("--hf-config", metavar="C", help="the dataset's configuration (e.g. sample-10BT)")
+    h.add_argument("--split", default="train", metavar="S", help="the dataset's split to read (default: train)")
+    h.add_argument("--hf-data-files", nargs="+", metavar="FILE", help="local files for a builder such as json or parquet")
     p.add_argument("--gpt2-ranks", metavar="FILE", help=f"GPT-2 ranks file (gpt2.tiktoken) to use instead of ${RANKS_ENV} / tiktoken's cache")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
+# %% ../nbs/12_cli.ipynb #1ec08bb8
 def prepare_cli(argv=None) -> int:
     "`mamba3-lite prepare ...`; returns the exit code."
-    from mamba3_lite.data import prepare_corpus
+    from mamba3_lite.prepare import prepare_corpus
     def body(a):
+        if not a.inputs and a.hf_dataset is None: raise ValueError("give INPUT files or directories, or --hf-dataset NAME")
+        if a.hf_dataset is None and (a.hf_config or a.hf_data_files):
+            raise ValueError("--hf-config and --hf-data-files go with --hf-dataset")
         res = prepare_corpus(a.inputs, a.out, shard_size_tokens=a.shard_size_tokens, val_tokens=a.val_tokens, val_fraction=a.val_fraction,
-                             include=a.include, workers=a.workers, text_field=a.text_field, bpe_file=a.gpt2_ranks, progress=not a.quiet)
+                             include=a.include, workers=a.workers, text_field=a.text_field, bpe_file=a.gpt2_ranks, progress=not a.quiet,
+                             max_tokens=a.max_tokens, hf_dataset=a.hf_dataset, hf_config=a.hf_config, hf_split=a.split,
+                             hf_data_files=a.hf_data_files)
         for s in ("train", "val"):
             st = res["stats"][s]
             print(f"{s}: {res[s]['n_tokens']:,} tokens, {res[s]['n_documents']:,} documents, {len(res[s]['shards'])} shards "
@@ -125,12 +143,12 @@ def install_tokenizer_cli(argv=None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("file", nargs="?", help="the ranks file, e.g. openai_whisper-20250625/whisper/assets/gpt2.tiktoken")
     src.add_argument("--from-pypi", action="store_true",
-                     help=f"take the file from the {WHISPER_SDIST} source package on PyPI (pip download; needs a package index)")
+                     help=f"take the file from the {WHISPER_SDIST} source archive on PyPI (sha256-pinned; no package code is run)")
     p.add_argument("--cache-dir", help="tiktoken cache directory (default: $TIKTOKEN_CACHE_DIR, else $DATA_GYM_CACHE_DIR, else <tmp>/data-gym-cache)")
     def body(a):
         if a.from_pypi:
             with tempfile.TemporaryDirectory() as d:
-                dest = install_tokenizer(ranks_from_pypi(d), a.cache_dir)
+                dest = install_tokenizer(ranks_from_index(d), a.cache_dir)
             print(f"installed the GPT-2 ranks from the {WHISPER_SDIST} sdist -> {dest}")
         else:
             dest = install_tokenizer(a.file, a.cache_dir)
@@ -142,7 +160,6 @@ def install_tokenizer_cli(argv=None) -> int:
             print(f"tiktoken reads it when TIKTOKEN_CACHE_DIR={a.cache_dir}")
         return 0
     return run_cli(p, argv, body)
-
 
 # %% ../nbs/12_cli.ipynb #8630f37c
 def _positive(s: str) -> int:
@@ -167,7 +184,10 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="F", help="a packaged config by name (tiny_cpu, pretrain_a100_400m) or a YAML file")
     p.add_argument("--data-path", metavar="P", help="prepared corpus (directory with train/ and val/); overrides data.data_path")
     p.add_argument("--checkpoint-dir", metavar="D", help="run directory for checkpoints and metrics.jsonl; overrides training.checkpoint_dir")
-    p.add_argument("--resume", type=_step, metavar="N", help="resume from checkpoint step N (wins over auto-discovery of the latest)")
+    p.add_argument("--resume", type=_step, metavar="N", help="resume from checkpoint step N (wins over auto-discovery of the latest; "
+                   "the first save after it moves newer steps to <checkpoint-dir>/abandoned/)")
+    p.add_argument("--reset-optimizer", action="store_true", help="resume without the checkpoint's AdamW state (fresh "
+                   "moments); without it, a resume refuses a step whose optimizer file is missing")
     p.add_argument("--dry-run", action="store_true", help="2-step wiring check; uses dummy tokens if the data is missing and says so; "
                    "checkpoints go to <checkpoint-dir>/dry_run")
     p.add_argument("--no-compile", action="store_true", help="do not torch.compile the model (training.compile=false)")
@@ -184,12 +204,11 @@ def train_parser() -> argparse.ArgumentParser:
                    help="override any config key, e.g. --set training.lr=1e-3 (repeatable; VALUE is read as YAML)")
     return p
 
-
 # %% ../nbs/12_cli.ipynb #8c5af63d
 def _cli_config(a):
     import yaml
     from mamba3_lite.config import ConfigError, ConfigLoader, apply_overrides, load_config
-    from mamba3_lite.train import dry_run_config
+    from mamba3_lite.config import dry_run_config
     cfg = load_config(a.config)
     over = {}
     for kv in a.set:
@@ -211,7 +230,7 @@ def train_cli(argv=None) -> int:
     "`mamba3-lite train ...`; returns the exit code."
     from mamba3_lite.train import run_training
     def body(a):
-        res = run_training(_cli_config(a), resume_step=a.resume)
+        res = run_training(_cli_config(a), resume_step=a.resume, reset_optimizer=a.reset_optimizer)
         if int(os.environ.get("RANK", "0")) == 0:
             first, last = res["first_eval_loss"], res["final_eval_loss"]
             print(f"done: steps {res['first_step']}->{res['final_step']} in {res['wall_time_s']:.1f}s | "
@@ -223,25 +242,47 @@ def train_cli(argv=None) -> int:
 # %% ../nbs/12_cli.ipynb #ee30cae6
 def eval_parser() -> argparse.ArgumentParser:
     p = CLIParser(prog="mamba3-lite eval", description=
-        "Validation loss, perplexity and bits per byte of a trained checkpoint. Bits per byte = total NLL / "
-        "(ln 2 x UTF-8 bytes of the GPT-2 decoding of the evaluated target tokens).")
+        "Validation loss, perplexity and bits per byte of a trained checkpoint on a prepared corpus (--data-path), or "
+        "standard benchmarks through lm-evaluation-harness (--tasks; pip install 'mamba3-lite[eval]'). Bits per byte = "
+        "total NLL / (ln 2 x UTF-8 bytes of the GPT-2 decoding of the evaluated target tokens).")
     p.add_argument("--checkpoint-dir", required=True, metavar="D", help="run directory written by `mamba3-lite train`")
     p.add_argument("--step", type=_step, metavar="N", help="checkpoint step (default: the latest valid one)")
-    p.add_argument("--data-path", required=True, metavar="P", help="prepared corpus; its val/ split is evaluated")
+    p.add_argument("--data-path", metavar="P", help="prepared corpus; its val/ split is evaluated (needed without --tasks)")
     p.add_argument("--split", default="val", choices=["val", "train"], help="which split to evaluate (default: val)")
-    p.add_argument("--batch-size", type=_positive, default=8, metavar="B", help="windows per batch (default: 8)")
+    p.add_argument("--batch-size", type=_positive, default=8, metavar="B", help="windows per batch, or lm-eval requests per batch (default: 8)")
     p.add_argument("--max-batches", type=_positive, metavar="N", help="evaluate only the first N batches (default: all)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device (default: cpu)")
+    h = p.add_argument_group("lm-evaluation-harness tasks")
+    h.add_argument("--tasks", metavar="T1,T2", help="comma-separated lm-eval task names, e.g. hellaswag,arc_easy,lambada_openai; "
+                   "results go to RUN/lm_eval_step{N}_{tasks}.json and are printed as a table")
+    h.add_argument("--limit", type=_limit, metavar="N", help="evaluate only the first N documents of each task (a fraction if < 1)")
+    h.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt (default: each task's own)")
+    h.add_argument("--include-path", metavar="DIR", help="a directory of extra task YAMLs (local tasks and data)")
+    h.add_argument("--bootstrap-iters", type=int, default=0, metavar="N", help="standard errors: 0 = none (default); N > 0 = "
+                   "closed form for accuracies, N bootstrap resamples for the other metrics")
+    h.add_argument("--output", metavar="FILE", help="write the results JSON here instead of the run directory")
     return p
+
+
+def _limit(s: str) -> float:
+    v = float(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
+    return int(v) if v >= 1 and v == int(v) else v
 
 
 def eval_cli(argv=None) -> int:
     "`mamba3-lite eval ...`; returns the exit code."
     from mamba3_lite.data import PretrainDataset
     from mamba3_lite.ssd import seq_idx_from_eos
-    from mamba3_lite.train import evaluate_bits_per_byte, load_trained
+    from mamba3_lite.evaluate import evaluate_bits_per_byte, load_trained
     def body(a):
-
+        if a.tasks is not None:
+            return eval_tasks(a)
+        if a.data_path is None:
+            raise ValueError("give --data-path (a prepared corpus) or --tasks (lm-eval benchmarks)")
+        if a.limit is not None or a.num_fewshot is not None or a.include_path or a.output or a.bootstrap_iters:
+            raise ValueError("--limit, --num-fewshot, --include-path, --bootstrap-iters and --output go with --tasks")
         model, cfg, meta = load_trained(a.checkpoint_dir, a.step, a.device)
         enc = gpt2_encoding()
         ds = PretrainDataset(a.data_path, cfg.data.max_seq_len, model.config.vocab_size, split=a.split)
@@ -252,6 +293,22 @@ def eval_cli(argv=None) -> int:
               f"bits_per_byte={r['bits_per_byte']:.4f} | tokens={r['tokens']:,} | bytes={r['bytes']:,}")
         return 0
     return run_cli(eval_parser(), argv, body)
+
+# %% ../nbs/12_cli.ipynb #16873548
+def eval_tasks(a) -> int:
+    "`eval --tasks`: lm-eval-harness on a run's checkpoint; prints the table, writes the results JSON."
+    from mamba3_lite.harness import Mamba3LM, results_path, results_table, run_tasks, write_results
+
+    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+    lm = Mamba3LM.from_run_dir(a.checkpoint_dir, a.step, a.device, batch_size=a.batch_size)
+    res = run_tasks(lm, tasks, limit=a.limit, num_fewshot=a.num_fewshot, include_path=a.include_path,
+                    bootstrap_iters=a.bootstrap_iters)
+    info = {"run_dir": str(a.checkpoint_dir), "step": lm.step, "max_length": lm.max_length, "batch_size": a.batch_size,
+            "limit": a.limit, "num_fewshot": a.num_fewshot, "tasks": tasks}
+    path = write_results(res, a.output or results_path(a.checkpoint_dir, lm.step, tasks), info)
+    print(results_table(res))
+    print(f"step={lm.step} | results -> {path}")
+    return 0
 
 # %% ../nbs/12_cli.ipynb #32cb7f0f
 def generate_parser() -> argparse.ArgumentParser:
@@ -271,7 +328,7 @@ def generate_parser() -> argparse.ArgumentParser:
 def generate_cli(argv=None) -> int:
     "`mamba3-lite generate ...`; returns the exit code."
     import torch
-    from mamba3_lite.train import load_trained
+    from mamba3_lite.evaluate import load_trained
     def body(a):
 
         if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
@@ -340,6 +397,19 @@ def _is_prepared(path: Path) -> bool:
     return path.is_dir() and (path / "train").is_dir() and (path / "val").is_dir()
 
 
+def _count(s: str) -> int:
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {s}")
+    return v
+
+
+def _nonempty(s: str) -> str:
+    if not s:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return s
+
+
 def quickstart_parser() -> argparse.ArgumentParser:
 
     p = CLIParser(prog="mamba3-lite quickstart", description=(
@@ -351,14 +421,14 @@ def quickstart_parser() -> argparse.ArgumentParser:
                    help="a prepared corpus directory, or text files/directories/.jsonl to prepare (default: the stdlib sources)")
     p.add_argument("--include", nargs="+", default=None, metavar="GLOB",
                    help="file patterns to take from --data-path directories (default: the prepare command's: *.txt *.md *.jsonl)")
-    p.add_argument("--val-tokens", type=int, default=1 << 16, metavar="N",
+    p.add_argument("--val-tokens", type=_count, default=1 << 16, metavar="N",
                    help="tokens of whole documents held out for validation when preparing (default: 65536)")
     p.add_argument("--run-dir", type=Path, default=Path("runs/quickstart"),
                    help="where data, checkpoints, metrics.jsonl and loss.png go (default: runs/quickstart)")
-    p.add_argument("--max-steps", type=int, default=None, help="override the config's max_steps")
-    p.add_argument("--workers", type=int, default=2, help="tokenizer threads for preparing the corpus (default: 2)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt for the generated sample")
-    p.add_argument("--max-new-tokens", type=int, default=80, help="length of the generated sample (default: 80)")
+    p.add_argument("--max-steps", type=_positive, default=None, help="override the config's max_steps")
+    p.add_argument("--workers", type=_positive, default=2, help="tokenizer threads for preparing the corpus (default: 2)")
+    p.add_argument("--prompt", type=_nonempty, default=DEFAULT_PROMPT, help="prompt for the generated sample")
+    p.add_argument("--max-new-tokens", type=_positive, default=80, help="length of the generated sample (default: 80)")
     p.add_argument("--seed", type=int, default=None, help="override the config's seed (also seeds sampling)")
     p.add_argument("--offline", action="store_true",
                    help="never fetch the GPT-2 ranks from PyPI when tiktoken cannot find or download them")
@@ -366,7 +436,7 @@ def quickstart_parser() -> argparse.ArgumentParser:
 
 # %% ../nbs/12_cli.ipynb #50f51a2c
 def _prepare_data(args, log) -> Path:
-    from mamba3_lite.data import prepare_corpus, stdlib_corpus_files
+    from mamba3_lite.prepare import prepare_corpus, stdlib_corpus_files
 
     if args.data_path and len(args.data_path) == 1 and _is_prepared(Path(args.data_path[0])):
         return Path(args.data_path[0])
@@ -388,10 +458,11 @@ def _tokenizer(offline: bool, log):
         if offline:
             raise
     log("[quickstart] tiktoken could not find or download the GPT-2 ranks; fetching them from the "
-        "openai-whisper sdist on PyPI (pip download) into tiktoken's cache — pass --offline to forbid this")
+        "openai-whisper source archive on PyPI (sha256-pinned, nothing in it is run) into tiktoken's cache — "
+        "pass --offline to forbid this")
     import tempfile
     with tempfile.TemporaryDirectory() as d:
-        log(f"[quickstart] installed the GPT-2 ranks at {install_tokenizer(ranks_from_pypi(d))}")
+        log(f"[quickstart] installed the GPT-2 ranks at {install_tokenizer(ranks_from_index(d))}")
     return gpt2_encoding()
 
 
@@ -401,7 +472,8 @@ def quickstart(args, log=print) -> dict:
     import torch
     from mamba3_lite.config import apply_overrides, load_config
     from mamba3_lite.logger import plot_metrics
-    from mamba3_lite.train import load_trained, run_training
+    from mamba3_lite.evaluate import load_trained
+    from mamba3_lite.train import run_training
 
     t0 = time.time()
     enc = _tokenizer(args.offline, log)  # fails first, with instructions, when the GPT-2 ranks are unavailable
@@ -425,7 +497,7 @@ def quickstart(args, log=print) -> dict:
 
 
 def quickstart_cli(argv=None) -> int:
-    "`mamba3-lite quickstart`: the main job, with user mistakes reported in one line (`mamba3_lite.data.run_cli`)."
+    "`mamba3-lite quickstart`: the main job, with user mistakes reported in one line (`mamba3_lite.cli.run_cli`)."
 
     def body(args):
         s = quickstart(args)

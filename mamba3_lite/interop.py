@@ -22,7 +22,7 @@ from .checkpoint import CheckpointManager
 from .config import TrainingConfig, config_to_dict, load_config
 from .files import atomic_write
 from .model import PRESETS, Mamba3Transformer, ModelConfig
-from .train import load_trained
+from .evaluate import load_trained
 
 # %% ../nbs/14_interop.ipynb #20e7f2c4
 OFFICIAL_EPS = 1e-5   # every norm of the official model: blocks, norm_f, the mixer's B/C and output norms

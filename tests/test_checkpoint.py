@@ -181,11 +181,20 @@ def _flip(off):
     return hurt
 
 
+def _reseal(p, change):
+    "Edit a meta and give it a matching meta_sha256 (a forger's edit, which only the file digests can catch)."
+    from mamba3_lite.checkpoint import meta_digest
+    meta = json.loads(p.read_text())
+    change(meta)
+    meta["meta_sha256"] = meta_digest(meta)
+    p.write_text(json.dumps(meta))
+
+
 DAMAGE = {
-    "flip-header-model": ("model_step_2.safetensors", _flip(lambda n: 10), "SHA-256"),
-    "flip-mid-model": ("model_step_2.safetensors", _flip(lambda n: n // 2), "SHA-256"),
-    "flip-last-model": ("model_step_2.safetensors", _flip(lambda n: n - 1), "SHA-256"),
-    "flip-mid-optim": ("optim_step_2.pt", _flip(lambda n: n // 2), "SHA-256"),
+    "flip-header-model": ("model_step_2.safetensors", _flip(lambda n: 10), "digest differs"),
+    "flip-mid-model": ("model_step_2.safetensors", _flip(lambda n: n // 2), "digest differs"),
+    "flip-last-model": ("model_step_2.safetensors", _flip(lambda n: n - 1), "digest differs"),
+    "flip-mid-optim": ("optim_step_2.pt", _flip(lambda n: n // 2), "digest differs"),
     "truncate-model": ("model_step_2.safetensors", lambda p: p.write_bytes(p.read_bytes()[:100]), "truncated"),
     "truncate-optim": ("optim_step_2.pt", lambda p: p.write_bytes(p.read_bytes()[:-1]), "truncated"),
     "extend-model": ("model_step_2.safetensors", lambda p: p.write_bytes(p.read_bytes() + b"\0"), "size"),
@@ -195,9 +204,12 @@ DAMAGE = {
     "empty-meta": ("meta_step_2.json", lambda p: p.write_bytes(b""), "not valid JSON"),
     "torn-meta": ("meta_step_2.json", lambda p: p.write_bytes(p.read_bytes()[:40]), "not valid JSON"),
     "binary-meta": ("meta_step_2.json", lambda p: p.write_bytes(b"\xff\xfe\x00"), "not valid JSON"),
-    # a meta whose recorded hash is wrong: the mismatch is reported against the file it vouches for
-    "meta-wrong-hash": ("meta_step_2.json", lambda p: p.write_text(p.read_text().replace('"sha256": "', '"sha256": "0', 1)),
-                        "SHA-256", "model_step_2.safetensors"),
+    # a meta whose recorded hash is wrong (and re-sealed): the mismatch is reported against the file it vouches for
+    "meta-wrong-hash": ("meta_step_2.json", lambda p: _reseal(p, lambda m: m["files"]["model"].update(blake3="0" * 64)),
+                        "digest differs", "model_step_2.safetensors"),
+    # an edited meta that is still a commit record: its own digest catches it
+    "meta-edited": ("meta_step_2.json", lambda p: p.write_text(p.read_text().replace('"step": 2,', '"step": 2, "x": 1,', 1)),
+                    "meta_sha256"),
     "meta-other-name": ("meta_step_2.json", lambda p: p.write_text(p.read_text().replace("optim_step_2", "optim_step_1")),
                         "not a commit record"),
     "meta-no-files": ("meta_step_2.json", lambda p: p.write_text('{"step": 2}'), "not a commit record"),

@@ -14,7 +14,9 @@ import torch
 from mamba3_lite import data as D
 from mamba3_lite import tokenizer as Tok
 from mamba3_lite.cli import install_tokenizer_cli, prepare_cli
-from mamba3_lite.data import PretrainDataset, Shard, WindowSampler, prepare_corpus, window_naive, write_shard
+from mamba3_lite import prepare as Prep
+from mamba3_lite.data import PretrainDataset, Shard, WindowSampler, window_naive, write_shard
+from mamba3_lite.prepare import prepare_corpus
 from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TokenizerUnavailableError, install_tokenizer
 
 RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
@@ -301,7 +303,7 @@ def test_no_ranks_offline_is_one_clear_error(tmp_path, monkeypatch, capsys):
     with pytest.raises(TokenizerUnavailableError) as e:
         Tok.gpt2_encoding()
     msg = str(e.value)
-    for part in ("pip download --no-deps --no-binary :all: openai-whisper==20250625", "whisper/assets/gpt2.tiktoken",
+    for part in (Tok.WHISPER_ARCHIVE_URL, Tok.WHISPER_SDIST_SHA256, "whisper/assets/gpt2.tiktoken",
                  "mamba3-lite install-tokenizer", "MAMBA3_LITE_GPT2_RANKS"):
         assert part in msg
     (tmp_path / "c").mkdir()
@@ -399,7 +401,7 @@ def test_prepare_val_tokens_whole_documents_and_rerun(tmp_path):
     kw = dict(shard_size_tokens=64, val_tokens=150, text_field="body", progress=False, bpe_file=RANKS)
     prepare_corpus([tmp_path / "c"], out, **kw)
     va, mv = _decode_split(enc, out, "val")
-    files = D.list_input_files([tmp_path / "c"])
+    files = Prep.list_input_files([tmp_path / "c"])
     assert mv["n_tokens"] >= 150 and va == [f.read_bytes().decode() for f in files[:len(va)]]  # the first documents
     assert mv["n_tokens"] - (len(enc.encode_ordinary(va[-1])) + 1) < 150  # ... stopping as soon as N is reached
     # rerun: nothing rewritten; lose a shard: only that one is rewritten; stale extra shard removed
@@ -456,7 +458,7 @@ def test_prepare_cli_subprocess(tmp_path):
 
 
 def test_stdlib_corpus_files():
-    files = D.stdlib_corpus_files()
+    files = Prep.stdlib_corpus_files()
     names = {f.name for f in files}
     assert len(files) > 300 and "os.py" in names and "bisect.py" in names
     assert not any(part in ("test", "tests", "idle_test", "site-packages") for f in files for part in f.parts)

@@ -81,5 +81,5 @@ def test_notebook_is_saved_executed_with_its_plots(nb):
 def test_readme_links_every_notebook():
     "The README's notebook table links each numbered notebook by its relative path."
     readme = (REPO / "README.md").read_text()
-    unlinked = [nb.name for nb in sorted((REPO / "nbs").glob("[0-9][0-9]_*.ipynb")) if f"](nbs/{nb.name})" not in readme]
+    unlinked = [nb.name for nb in sorted((REPO / "nbs").glob("[0-9][0-9]*_*.ipynb")) if f"](nbs/{nb.name})" not in readme]
     assert not unlinked, f"README.md does not link {unlinked}; add them to the table in nbs/index.ipynb and run .ci/render_readme.py"

@@ -15,7 +15,8 @@ from mamba3_lite.checkpoint import CheckpointWarning
 from mamba3_lite.cli import main
 from mamba3_lite.ssd import nmax
 from mamba3_lite.config import DataConfig, LoopConfig, TrainingConfig, load_config
-from mamba3_lite.train import load_trained, run_training
+from mamba3_lite.evaluate import load_trained
+from mamba3_lite.train import run_training
 
 RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
 CLI = [sys.executable, "-c", "import sys; from mamba3_lite.cli import main; sys.exit(main())"]

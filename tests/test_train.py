@@ -74,29 +74,29 @@ def test_train_step_finite_moves_and_clips():
 
 def test_lr_schedule_key_values():
     ref = dict(warmup_steps=2000, max_steps=256_000, min_lr_ratio=0.05)
-    assert math.isclose(T.lr_factor(0, **ref), 0.01)
-    assert math.isclose(T.lr_factor(1000, **ref), 0.505)
-    assert math.isclose(T.lr_factor(2000, **ref), 1.0)
-    assert math.isclose(T.lr_factor(129_000, **ref), 0.525)
-    assert math.isclose(T.lr_factor(256_000, **ref), 0.05)
-    assert math.isclose(T.lr_factor(999_999, **ref), 0.05)
+    assert math.isclose(Cfg.lr_factor(0, **ref), 0.01)
+    assert math.isclose(Cfg.lr_factor(1000, **ref), 0.505)
+    assert math.isclose(Cfg.lr_factor(2000, **ref), 1.0)
+    assert math.isclose(Cfg.lr_factor(129_000, **ref), 0.525)
+    assert math.isclose(Cfg.lr_factor(256_000, **ref), 0.05)
+    assert math.isclose(Cfg.lr_factor(999_999, **ref), 0.05)
     wsd = dict(ref, schedule="wsd", wsd_decay_frac=0.1)
-    assert T.lr_factor(200_000, **wsd) == 1.0
-    assert math.isclose(T.lr_factor(256_000 - 12_800, **wsd), 0.525)
+    assert Cfg.lr_factor(200_000, **wsd) == 1.0
+    assert math.isclose(Cfg.lr_factor(256_000 - 12_800, **wsd), 0.525)
     with pytest.raises(ValueError, match="cosine"):
-        T.lr_factor(3000, **ref, schedule="step")
+        Cfg.lr_factor(3000, **ref, schedule="step")
     # the LambdaLR applies it to the optimizer and resumes from its state_dict alone
     loop = Cfg.LoopConfig(lr=3e-4, warmup_steps=10, max_steps=100, min_lr_ratio=0.1)
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=loop.lr)
-    s = T.build_scheduler(opt, loop)
+    s = Cfg.build_scheduler(opt, loop)
     assert math.isclose(opt.param_groups[0]["lr"], 3e-6)
     for _ in range(37):
         opt.step(); s.step()
     opt2 = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=loop.lr)
-    s2 = T.build_scheduler(opt2, loop)
+    s2 = Cfg.build_scheduler(opt2, loop)
     s2.load_state_dict(json.loads(json.dumps(s.state_dict())))
     opt.step(); s.step(); opt2.step(); s2.step()
-    assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"] == 3e-4 * T.lr_factor(38, **dict(
+    assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"] == 3e-4 * Cfg.lr_factor(38, **dict(
         warmup_steps=10, max_steps=100, min_lr_ratio=0.1))
 
 
@@ -118,7 +118,7 @@ def test_accumulation_equivalence_2x8_vs_1x16():
 def test_nonfinite_step_is_skipped():
     m = tiny_model()
     opt = torch.optim.AdamW(m.param_groups(0.1), lr=1e-3)
-    sched = T.build_scheduler(opt, Cfg.LoopConfig(warmup_steps=5, max_steps=10))
+    sched = Cfg.build_scheduler(opt, Cfg.LoopConfig(warmup_steps=5, max_steps=10))
     before = [p.detach().clone() for p in m.parameters()]
     with torch.no_grad():
         m.embed.weight[0, 0] = float("nan")
@@ -218,7 +218,7 @@ def test_missing_data_is_an_error_but_dry_run_uses_dummy(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         T.run_training(cfg, log=QUIET)
     msgs = []
-    res = T.run_training(T.dry_run_config(cfg), log=msgs.append)
+    res = T.run_training(Cfg.dry_run_config(cfg), log=msgs.append)
     assert res["final_step"] == 2 and any("dummy" in m for m in msgs)
     assert Path(res["run_dir"]).name == "dry_run" and not list((tmp_path / "run").glob("meta_step_*"))
 
@@ -334,7 +334,7 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
 
 
 def test_dry_run_starts_fresh_every_time(tmp_path):
-    cfg = T.dry_run_config(tiny_cfg(tmp_path / "run"))
+    cfg = Cfg.dry_run_config(tiny_cfg(tmp_path / "run"))
     for _ in range(2):
         res = T.run_training(cfg, log=QUIET)
         assert (res["first_step"], res["final_step"]) == (0, 2)
@@ -354,6 +354,7 @@ def test_nan_guard_gives_up_after_repeated_rollbacks(tmp_path):
 @pytest.mark.skipif(not _gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     "--reset-at-eos (or --set data.reset_at_eos=true) reaches the batches, the loss, evaluation, eval and generate."
+    from mamba3_lite import evaluate as E
     from mamba3_lite.cli import prepare_cli
     from mamba3_lite.distributed import setup_distributed
     from mamba3_lite.ssd import seq_idx_from_eos
@@ -373,16 +374,16 @@ def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     on = parse(["--reset-at-eos"])
     assert on.data.reset_at_eos is True
     env = setup_distributed("cpu")
-    assert len(T.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch()) == 2
-    stream, val_batches = T.make_streams(on, env, 50257, log=QUIET)
+    assert len(E.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch()) == 2
+    stream, val_batches = E.make_streams(on, env, 50257, log=QUIET)
     x, y, sid = stream.next_batch()
     assert torch.equal(sid, seq_idx_from_eos(x, GPT2_EOS_ID)) and sid.max() > 0 and torch.equal(x[:, 1:], y[:, :-1])
     assert all(len(b) == 3 for b in val_batches())
     model = tiny_model(vocab=50257)
     with torch.no_grad():
-        packed, plain = T.lm_loss(model, (x, y, sid)), T.lm_loss(model, (x, y))
+        packed, plain = E.lm_loss(model, (x, y, sid)), E.lm_loss(model, (x, y))
         assert torch.equal(packed, model(x, targets=y, seq_idx=sid).loss) and abs(packed - plain) > 1e-4
-        r = T.evaluate(model, val_batches())
+        r = E.evaluate(model, val_batches())
     assert math.isfinite(r["loss"])
     rc, out, err = run_cli(CLI.train_cli, base + ["--reset-at-eos"])
     assert rc == 0, err
