@@ -1,6 +1,6 @@
 """CPU data-path benchmark for mamba3_lite.data, all numbers measured side by side in one run:
 
-1. spanning-window fetch: PretrainDataset (tensor/numpy piece copies) vs the reference's Python-list stitch;
+1. spanning-window fetch: PretrainDataset (tensor/numpy piece copies) vs a plain Python-list stitch (`window_naive`);
 2. random-access windows/s over a generated >= 1 GB uint16 corpus, and the resident memory of the reading process;
 3. `prepare` throughput (MB/s of source text) with 1 and 2 tokenizer threads on the Python standard library sources
    (needs the GPT-2 ranks: $MAMBA3_LITE_GPT2_RANKS or tiktoken's cache; skipped with a note otherwise);
@@ -71,7 +71,7 @@ def bench_spanning(L, n_windows, tmp):
         t0 = time.perf_counter()
         PretrainDataset(d_ours, L, GPT2_VOCAB_SIZE, seam_cache_mb=0)
         t_open_seam = t_open - (time.perf_counter() - t0)   # the one-time cost of stitching the seams
-        del shards  # the reference reads its shards as the reference loads them: torch.load(..., mmap=True)
+        del shards  # the list stitch reads torch.save'd int64 shards: torch.load(..., mmap=True)
         shards = [torch.load(p, weights_only=True, mmap=True) for p in sorted(d_ref.glob("shard_*.bin"))]
         n = min(n_windows, len(ds_ours))
         spans = [k for k in range(n) if (k * L) // shard_len != (k * L + L) // shard_len]
@@ -86,8 +86,8 @@ def bench_spanning(L, n_windows, tmp):
             assert torch.equal(window_naive(shards, offsets, sizes, i, L)[0], ds_ours[i][0])
         rows.append((shard_len, m, t_naive, t_fn, t_ref, t_ours, len(ds_ours._seams), t_open_seam))
     print(f"\n1. spanning-window fetch, L={L}: only windows that cross a shard boundary; CPU us per window, best of 5 interleaved")
-    print("   list stitch = the reference's .tolist() stitch (window_naive) on its torch.load(mmap=True) int64 shards;")
-    print("   window_fast = our per-fetch stitch on the same shards; dataset = PretrainDataset[i] on the reference-format")
+    print("   list stitch = a plain .tolist() stitch (window_naive) on its torch.load(mmap=True) int64 shards;")
+    print("   window_fast = our per-fetch stitch on the same shards; dataset = PretrainDataset[i] on the same torch.save'd-format")
     print("   directory (torch.save'd int64) and on our uint16 shards: the crossing windows were stitched and id-checked once at")
     print("   construction (the seam cache; its one-time cost and size are in the last two columns)")
     print(f"{'shard len':>10} {'windows':>8} {'list stitch':>12} {'window_fast':>12} {'dataset int64':>14} {'dataset uint16':>15} "

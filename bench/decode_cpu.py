@@ -1,6 +1,6 @@
 """CPU benchmark: O(1)-per-token decoding of the tiny Mamba-3 LM.
 
-Measured side by side in one process (targets from issue 4):
+Measured side by side in one process (targets: decode time flat in context length, cached step far faster than re-running the prefix):
 1. per-token `step` time after a prefill of 128 vs 4096 tokens -- the state has a fixed size, so the ratio
    should be 1.0 +- 0.2;
 2. at context 1024: decode tokens/s with the cache vs re-running the forward on the whole prefix for every new

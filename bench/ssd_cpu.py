@@ -2,7 +2,7 @@
 
 Both run in one process on the same inputs; the table reports the best time of a few runs of each (wall clock,
 or process CPU time with --clock cpu, which is steadier on a shared machine) and their ratio.
-Target (issue 2): ssd_chunked at least 20x faster than ssd_naive at T = 4096 (b=1, H=4, P=16, N=32).
+Target: ssd_chunked at least 20x faster than ssd_naive at T = 4096 (b=1, H=4, P=16, N=32).
 
     python bench/ssd_cpu.py                       # defaults below
     python bench/ssd_cpu.py --T 256 1024 --threads 1 --repeats 5

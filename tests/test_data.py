@@ -72,7 +72,7 @@ def test_windows_equal_flat_slices_spanning_small_shards(tmp_path, seed):
     shards = [tokens[a:b].numpy() for a, b in zip(cuts[:-1], cuts[1:])]
     for i in range(n):
         xs = [ds[i] for ds in sets]
-        for x, y in xs:  # the readers agree with each other, with the flat stream and with the reference stitch
+        for x, y in xs:  # the readers agree with each other, with the flat stream and with the plain list stitch (window_naive)
             assert torch.equal(x, tokens[i * L:i * L + L]) and torch.equal(y, tokens[i * L + 1:i * L + L + 1])
             assert torch.equal(y[:-1], x[1:])
         xn, yn = window_naive(shards, cuts[:-1], [len(s) for s in shards], i, L)

@@ -2,7 +2,6 @@
 commit protocol, integrity of metas and shards, one-line errors, explicit resume and rewind, metrics.jsonl after a
 resume, quickstart's argument checks, and the tokenizer fetch that never runs package build code.
 Tiny model on dummy tokens (vocab 256) unless a test needs the GPT-2 ranks."""
-import contextlib
 import hashlib
 import http.server
 import io
@@ -15,7 +14,6 @@ import sys
 import tarfile
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ import pytest
 import torch
 import yaml
 
+from mamba3_lite.testing import run_captured
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
 from mamba3_lite import train as T
@@ -47,13 +46,6 @@ def tiny_cfg(run_dir, **training):
 def write_yaml(path, cfg):
     path.write_text(yaml.safe_dump(Cfg.config_to_dict(cfg)))
     return path
-
-
-def cli(fn, argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = fn(argv)
-    return rc, out.getvalue(), err.getvalue()
 
 
 def one_line(err):
@@ -99,7 +91,7 @@ def test_second_trainer_on_a_run_dir_exits_2_and_a_killed_holder_leaves_no_stale
         while not (run / "meta_step_2.json").exists():
             assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()[-2000:]
             time.sleep(0.02)
-        rc, _, err = cli(CLI.train_cli, ["--config", str(cfg_file)])          # a second trainer, same run directory
+        rc, _, err = run_captured(CLI.train_cli, ["--config", str(cfg_file)])          # a second trainer, same run directory
         assert rc == 2 and one_line(err), err
         assert str(run) in err and f"pid {first.pid}" in err and socket.gethostname() in err, err
         model, _, meta = load_trained(run, log=QUIET)  # read-only access (eval while training) still works
@@ -158,20 +150,20 @@ def test_interrupted_or_failed_prepare_is_refused_and_a_rerun_rechecks_content(t
     assert list((out / "val").glob("shard_*.bin"))          # (both splits have shards: it would train)
     f = write_yaml(tmp_path / "c.yaml", Cfg.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=1),
                                                           {"model.vocab_size": 50257, "data.dummy": False}))
-    rc, _, err = cli(CLI.train_cli, ["--config", str(f), "--data-path", str(out)])
+    rc, _, err = run_captured(CLI.train_cli, ["--config", str(f), "--data-path", str(out)])
     assert rc == 2 and one_line(err) and "manifest" in err and "prepare" in err, err
     # a prepare that fails (more validation tokens than the corpus) commits nothing, also when run again
     bad = tmp_path / "bad"
     for _ in range(2):
-        rc, _, err = cli(prepare_cli, [str(corpus), "--out", str(bad), "--val-tokens", str(10**9), "--quiet"])
+        rc, _, err = run_captured(prepare_cli, [str(corpus), "--out", str(bad), "--val-tokens", str(10**9), "--quiet"])
         assert rc == 2 and "no training tokens" in err, err
         assert not list(bad.glob("*/manifest.json"))
     # the rerun finishes the interrupted one; a shard changed at the same size is rewritten on the next rerun
-    assert cli(prepare_cli, cmd[4:])[0] == 0
+    assert run_captured(prepare_cli, cmd[4:])[0] == 0
     m = json.loads((out / "train" / "manifest.json").read_text())
     shard = out / "train" / m["shards"][1]["file"]
     b = bytearray(shard.read_bytes()); b[100], b[101] = b[101], b[100] ^ 1; shard.write_bytes(bytes(b))
-    rc, stdout, err = cli(prepare_cli, cmd[4:])
+    rc, stdout, err = run_captured(prepare_cli, cmd[4:])
     assert rc == 0 and "(1 written" in stdout, stdout
     assert hashlib.sha256(shard.read_bytes()).hexdigest() == m["shards"][1]["sha256"]
 
@@ -193,13 +185,13 @@ def test_an_edited_meta_is_refused_and_resume_falls_back(tmp_path):
 def test_a_shard_changed_at_the_same_size_stops_training_naming_it(tmp_path):
     from mamba3_lite.cli import prepare_cli
     out = tmp_path / "tok"
-    assert cli(prepare_cli, [str(_corpus(tmp_path / "corpus", n=20)), "--out", str(out), "--val-tokens", "500",
+    assert run_captured(prepare_cli, [str(_corpus(tmp_path / "corpus", n=20)), "--out", str(out), "--val-tokens", "500",
                              "--quiet"])[0] == 0
     shard = out / "train" / "shard_000000.bin"
     b = bytearray(shard.read_bytes()); b[-2:] = b"\x00\x00"; shard.write_bytes(bytes(b))
     f = write_yaml(tmp_path / "c.yaml", Cfg.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=2),
                                                           {"model.vocab_size": 50257, "data.dummy": False}))
-    rc, _, err = cli(CLI.train_cli, ["--config", str(f), "--data-path", str(out)])
+    rc, _, err = run_captured(CLI.train_cli, ["--config", str(f), "--data-path", str(out)])
     assert rc == 2 and one_line(err) and "shard_000000.bin" in err and "sha256" in err, err
 
 
@@ -236,7 +228,7 @@ def test_meta_missing_or_mistyped_resume_keys_is_one_line(tmp_path, change, matc
     T.run_training(tiny_cfg(run, max_steps=2), log=QUIET)
     rewrite_meta(run / "meta_step_2.json", change)
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=4))
-    rc, _, err = cli(CLI.train_cli, ["--config", str(f)])
+    rc, _, err = run_captured(CLI.train_cli, ["--config", str(f)])
     assert rc == 2 and one_line(err) and "meta_step_2.json" in err and match in err, err
 
 
@@ -289,9 +281,9 @@ def test_explicit_resume_without_optimizer_state_is_refused_unless_reset(tmp_pat
     T.run_training(tiny_cfg(run, max_steps=4), log=QUIET)
     (run / "optim_step_2.pt").unlink()
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=4))
-    rc, _, err = cli(CLI.train_cli, ["--config", str(f), "--resume", "2"])
+    rc, _, err = run_captured(CLI.train_cli, ["--config", str(f), "--resume", "2"])
     assert rc == 2 and one_line(err) and "optim_step_2.pt" in err and "--reset-optimizer" in err, err
-    rc, out, err = cli(CLI.train_cli, ["--config", str(f), "--resume", "2", "--reset-optimizer"])
+    rc, out, err = run_captured(CLI.train_cli, ["--config", str(f), "--resume", "2", "--reset-optimizer"])
     assert rc == 0 and "done: steps 2->4" in out, err
 
 
@@ -330,7 +322,7 @@ def test_metrics_after_resume_one_record_per_step_and_torn_tail(tmp_path):
 def test_quickstart_validates_arguments_first(tmp_path, argv, match):
     from mamba3_lite.cli import quickstart_cli
     t = time.time()
-    rc, _, err = cli(quickstart_cli, argv + ["--run-dir", str(tmp_path / "q")])
+    rc, _, err = run_captured(quickstart_cli, argv + ["--run-dir", str(tmp_path / "q")])
     assert rc == 2 and one_line(err) and match in err, err
     assert not (tmp_path / "q").exists() and time.time() - t < 30
 

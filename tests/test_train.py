@@ -1,8 +1,6 @@
 """Tests of mamba3_lite.train: train_step, the LR schedule, accumulation, the NaN guard, resume (with a real
 kill), explicit --resume, config errors and the CLI. Tiny model (vocab 256 on dummy tokens unless noted),
 short windows, a handful of steps."""
-import contextlib
-import io
 import json
 import math
 import os
@@ -16,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from mamba3_lite.testing import run_captured
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
@@ -258,28 +257,21 @@ def test_shipped_configs_load():
     Cfg.load_config(ROOT / "configs" / "tiny_cpu.yaml")
 
 
-def run_cli(fn, argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = fn(argv)
-    return rc, out.getvalue(), err.getvalue()
-
-
 def test_cli_user_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("training:\n  max_stepz: 3\n")
     for argv in (["--config", str(tmp_path / "none.yaml")], ["--config", str(bad)], [],
                  ["--config", str(bad), "--max-steps", "0"], ["--config", str(bad), "--set", "training.lr"]):
-        rc, out, err = run_cli(CLI.train_cli, argv)
+        rc, out, err = run_captured(CLI.train_cli, argv)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
-    rc, out, err = run_cli(CLI.train_cli, ["--config", str(bad)])
+    rc, out, err = run_captured(CLI.train_cli, ["--config", str(bad)])
     assert "max_stepz" in err and "valid keys" in err
-    rc, out, _ = run_cli(CLI.train_cli, ["--help"])
+    rc, out, _ = run_captured(CLI.train_cli, ["--help"])
     assert rc == 0 and all(f in out for f in ("--data-path", "--checkpoint-dir", "--resume", "--dry-run", "--no-compile",
                                                "--no-grad-checkpoint", "--max-steps", "--seed"))
-    rc, out, err = run_cli(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "nothing"), "--data-path", str(tmp_path)])
+    rc, out, err = run_captured(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "nothing"), "--data-path", str(tmp_path)])
     assert rc == 2 and "checkpoint directory not found" in err
-    rc, out, err = run_cli(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path), "--prompt", "x"])
+    rc, out, err = run_captured(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path), "--prompt", "x"])
     assert rc == 2 and "no valid checkpoint" in err
 
 
@@ -308,20 +300,20 @@ def test_cli_end_to_end_train_eval_generate(tmp_path):
     corpus.mkdir()
     for i in range(12):
         (corpus / f"doc{i}.txt").write_text(f"def f{i}(x):\n    return x * {i} + {i % 3}\n" * 40)
-    assert run_cli(prepare_cli, [str(corpus), "--out", str(tmp_path / "tok"), "--val-fraction", "0.2",
+    assert run_captured(prepare_cli, [str(corpus), "--out", str(tmp_path / "tok"), "--val-fraction", "0.2",
                                  "--include", "*.txt", "--quiet"])[0] == 0
     cfg = tiny_cfg(tmp_path / "run", max_steps=4)
     cfg = Cfg.apply_overrides(cfg, {"model.vocab_size": 50257, "data.dummy": False})
     f = write_yaml(tmp_path / "c.yaml", cfg)
-    rc, out, err = run_cli(CLI.train_cli, ["--config", str(f), "--data-path", str(tmp_path / "tok")])
+    rc, out, err = run_captured(CLI.train_cli, ["--config", str(f), "--data-path", str(tmp_path / "tok")])
     assert rc == 0, err
     assert "done: steps 0->4" in out
-    rc, out, err = run_cli(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--data-path", str(tmp_path / "tok"),
+    rc, out, err = run_captured(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--data-path", str(tmp_path / "tok"),
                                         "--batch-size", "2"])
     assert rc == 0, err
     vals = dict(kv.split("=") for kv in out.strip().replace(" ", "").split("|"))
     assert vals["step"] == "4" and 0 < float(vals["bits_per_byte"]) < 20 and float(vals["val_loss"]) < math.log(50257) + 1
-    rc, out, err = run_cli(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--prompt", "def f1(x):",
+    rc, out, err = run_captured(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--prompt", "def f1(x):",
                                             "--max-new-tokens", "5", "--seed", "1"])
     assert rc == 0, err
     assert out.startswith("def f1(x):")
