@@ -355,7 +355,7 @@ def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     corpus.mkdir()
     for i in range(60):                                   # short documents: most 16-token windows hold an EOS
         (corpus / f"doc{i}.txt").write_text(f"x{i} = {i} * y + {i % 7}\n")
-    assert run_cli(prepare_cli, [str(corpus), "--out", str(tmp_path / "tok"), "--val-fraction", "0.3",
+    assert run_captured(prepare_cli, [str(corpus), "--out", str(tmp_path / "tok"), "--val-fraction", "0.3",
                                  "--include", "*.txt", "--quiet"])[0] == 0
     cfg = Cfg.apply_overrides(tiny_cfg(tmp_path / "run", max_steps=2), {"model.vocab_size": 50257, "data.dummy": False})
     f = write_yaml(tmp_path / "c.yaml", cfg)
@@ -377,11 +377,11 @@ def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
         assert torch.equal(packed, model(x, targets=y, seq_idx=sid).loss) and abs(packed - plain) > 1e-4
         r = E.evaluate(model, val_batches())
     assert math.isfinite(r["loss"])
-    rc, out, err = run_cli(CLI.train_cli, base + ["--reset-at-eos"])
+    rc, out, err = run_captured(CLI.train_cli, base + ["--reset-at-eos"])
     assert rc == 0, err
-    rc, out, err = run_cli(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--data-path", str(tmp_path / "tok"),
+    rc, out, err = run_captured(CLI.eval_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--data-path", str(tmp_path / "tok"),
                                         "--batch-size", "2"])
     assert rc == 0 and "bits_per_byte" in out, err
-    rc, out, err = run_cli(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--prompt", "x1 = 1<|endoftext|>x2",
+    rc, out, err = run_captured(CLI.generate_cli, ["--checkpoint-dir", str(tmp_path / "run"), "--prompt", "x1 = 1<|endoftext|>x2",
                                             "--max-new-tokens", "3", "--seed", "1"])
     assert rc == 0 and out.startswith("x1 = 1<|endoftext|>x2"), err
