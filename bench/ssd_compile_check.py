@@ -50,7 +50,8 @@ def specialise(fn, dtype, consts, half_grads, ints):
         if name in consts:
             sig[name] = "constexpr"
             continue
-        sig[name] = "i32" if name in INTS else f"*{dtype}" if name in half else "*fp32"
+        sig[name] = ("i32" if name in INTS else "*i32" if name == "rst_ptr" else f"*{dtype}" if name in half
+                     else "*fp32")
         if name not in INTS or ints[name] % 16 == 0:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, consts, attrs
@@ -71,13 +72,14 @@ def ptxas_report(ptx, arch):
                 spill_load_bytes=num(r"(\d+) bytes spill loads"), stack_bytes=num(r"(\d+) bytes stack frame"))
 
 
-def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32):
+def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32,
+                   resets=False):
     "Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row."
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     fn = getattr(kern, f"_ssd_{kind}_kernel")
     NH = max(N // 2, 16)
     every = dict(L=L, P=P, N=N, NH=min(NH, 32) if kind == "bwd_angle" else NH,   # the angle kernel: <= 32 pairs
-                 HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True,
+                 HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True, HAS_RST=resets,
                  STORE=True, DOT_DTYPE=dot, PREC="ieee")
     consts = {k: v for k, v in every.items() if k in fn.arg_names}
     options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
@@ -85,7 +87,7 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
     sig, consts, attrs = specialise(fn, dtype, consts, kind == "bwd_angle" and not bias, launch_ints(T, H, S, L, bias))
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                         target=GPUTarget("cuda", arch, 32), options=options)
-    return dict(kernel=kind, arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, num_warps=warps, num_stages=stages,
+    return dict(kernel=kind, arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, resets=resets, num_warps=warps, num_stages=stages,
                 maxnreg=maxnreg, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
                 **ptxas_report(ck.asm["ptx"], arch))
 
@@ -102,6 +104,8 @@ def main(argv=None):
     p.add_argument("--N", type=int, default=128)
     p.add_argument("--bias", default="both", choices=["on", "off", "both"],
                    help="compile the shared-B/C + bias variant (HAS_BIAS), the per-head one, or both")
+    p.add_argument("--resets", default="off", choices=["on", "off", "both"],
+                   help="compile the variant with document restarts (seq_idx, HAS_RST), the one without, or both")
     p.add_argument("--default-config", action="store_true",
                    help="compile each kernel at its default launch config for the arch (ignores --warps/--stages)")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")
@@ -109,26 +113,28 @@ def main(argv=None):
     a = p.parse_args(argv)
     rows, failed = [], False
     print(f"triton {triton.__version__}, P={a.P} N={a.N}")
-    print(f"{'kernel':9} {'arch':>4} {'dtype':5} {'bias':4} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
+    print(f"{'kernel':9} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
           f"{'spill st/ld B':>14} {'smem KiB':>8} {'compile s':>9}")
     biases = {"on": (True,), "off": (False,), "both": (False, True)}[a.bias]
+    resets_ = {"on": (True,), "off": (False,), "both": (False, True)}[a.resets]
     for arch in a.arch:
         for dtype in a.dtype:
-            for bias in biases:
+            for bias, resets in ((bi, re) for bi in biases for re in resets_):
                 for L in a.chunk:
                     for kind in a.kernels:
                         configs = ([kern.default_config(kind, arch, a.N)] if a.default_config else
                                    [dict(num_warps=w, num_stages=s) for w in a.warps for s in a.stages])
                         for cfg in configs:
                             warps, stages = cfg["num_warps"], cfg["num_stages"]
-                            head = f"{kind:9} {arch:4} {dtype:5} {'yes' if bias else 'no':4} {L:4} {warps:5} {stages:6}"
+                            head = (f"{kind:9} {arch:4} {dtype:5} {'yes' if bias else 'no':4} "
+                                    f"{'yes' if resets else 'no':3} {L:4} {warps:5} {stages:6}")
                             try:
                                 r = compile_kernel(kind, dtype, L, a.P, a.N, warps, stages, arch, bias,
-                                                   cfg.get("maxnreg"))
+                                                   cfg.get("maxnreg"), resets=resets)
                             except Exception as e:  # a compile error is the finding: report it and fail at the end
                                 failed = True
                                 r = dict(kernel=kind, arch=arch, dtype=dtype, L=L, num_warps=warps,
-                                         num_stages=stages, bias=bias, error=f"{type(e).__name__}: {e}"[:2000])
+                                         num_stages=stages, bias=bias, resets=resets, error=f"{type(e).__name__}: {e}"[:2000])
                                 print(f"{head} COMPILE ERROR {r['error'][:300]}")
                                 rows.append(r)
                                 continue

@@ -153,7 +153,6 @@ class Mamba3Block(nn.Module):
         self.out_norm = RMSNorm((H, P), norm_eps) if outproj_norm else None
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
         self._fallback_warned = False
-        self._seq_idx_warned = False
         self.reset_parameters()
 
     @property
@@ -280,12 +279,6 @@ def _ssd_fn(self: Mamba3Block, u: torch.Tensor):
 @patch
 def _forward_impl(self: Mamba3Block, u, initial_state=None, return_state=False, seq_idx=None):
     ssd = self._ssd_fn(u)
-    if seq_idx is not None and ssd is not ssd_chunked:
-        if not self._seq_idx_warned:
-            warnings.warn("Mamba3Block: the Triton SSD kernel does not take seq_idx (document restarts); running the "
-                          "PyTorch SSD for calls with seq_idx (slower, same result).", RuntimeWarning, stacklevel=3)
-            self._seq_idx_warned = True
-        ssd = ssd_chunked
     docs = {} if seq_idx is None else dict(seq_idx=seq_idx)
     in_kernel_bias = ssd is not ssd_chunked and not self.is_mimo   # SISO kernel: shared B/C, bias added on chip
     inp = self.ssd_inputs(u, shared_bc=in_kernel_bias)

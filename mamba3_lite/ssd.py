@@ -171,7 +171,7 @@ class _Inputs(NamedTuple):
     reset: Tensor | None  # (b, T) bool: a document starts at t (never at t = 0), or None: one document
 
 
-def _resets(seq_idx, b, T, device):
+def document_starts(seq_idx, b, T, device):
     "seq_idx (b, T) non-decreasing integer document indices -> (b, T) bool, True where the index changes; None stays None."
     if seq_idx is None: return None
     if (not isinstance(seq_idx, Tensor) or tuple(seq_idx.shape) != (b, T) or seq_idx.is_floating_point()
@@ -237,7 +237,7 @@ def _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx=None) -> _Inp
         st = SSDState(wrap_angle(f(s0.angle)), f(s0.h), ranked(s0.k), ranked(s0.v))
     return _Inputs(ranked(x), f(dt), f(A).expand(b, T, H), ranked(B), ranked(C), f(lam), th,
                    torch.zeros(H, dtype=cd, device=dev) if D is None else f(D), st, mimo,
-                   _resets(seq_idx, b, T, dev))
+                   document_starts(seq_idx, b, T, dev))
 
 
 # %% ../nbs/00_ssd.ipynb #b045a6aa

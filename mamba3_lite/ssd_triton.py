@@ -17,7 +17,7 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 from torch.library import triton_op, wrap_triton
 
-from .ssd import SSDState, angle_rate, rotate_pairs, scan_scalars, seed_state, ssd_chunked
+from .ssd import SSDState, angle_rate, document_starts, rotate_pairs, scan_scalars, seed_state, ssd_chunked
 
 # %% ../nbs/01_ssd_triton.ipynb #62b5dec8
 def _check_block_dims(P, N, chunk_size):
@@ -96,11 +96,35 @@ def _load_bc(ptr, bias_ptr, lrow, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS
     return e, o
 
 @triton.jit
-def _chunk_angles(om_ptr, dt_ptr, row, orow, mt, j, phi_in, S):
+def _max(a, b):
+    "Combine of a running maximum."
+    return tl.maximum(a, b)
+
+@triton.jit
+def _doc_bounds(rst_ptr, rrow, t, mt, L: tl.constexpr):
+    """Documents inside one chunk, from the start flags at `rst_ptr + rrow` (t = arange(L)): st (L,), where each token's
+    document starts (-1: before the chunk), and the first and last start in the chunk (L and -1 when there is none).
+    Token t reads the carried state iff t < first and writes the chunk-end state iff t >= last."""
+    rs = tl.load(rst_ptr + rrow, mask=mt, other=0)
+    st = tl.associative_scan(tl.where(rs != 0, t, -1), 0, _max)
+    return st, tl.min(tl.where(rs != 0, t, L), axis=0), tl.max(st, axis=0)
+
+@triton.jit
+def _seg_add(v1, f1, v2, f2):
+    "Combine of a segmented sum: a flag on the right operand (a segment's first element) drops what came before."
+    return tl.where(f2 != 0, v2, v1 + v2), f1 | f2
+
+@triton.jit
+def _chunk_angles(om_ptr, dt_ptr, row, orow, mt, j, phi_in, S, t, st, first, HAS_RST: tl.constexpr):
     """Angles Φ of one chunk's (L, N/2) pair tiles: the fp32 carry `phi_in` plus the in-chunk cumsum of δ = Δ·ω
-    (ω from the rows `orow` of `om_ptr`, Δ from `row`), wrapped; 0 for pairs j >= S. Also Δ (L,) and ω (L, N/2)."""
+    (ω from the rows `orow` of `om_ptr`, Δ from `row`), wrapped; 0 for pairs j >= S. Also Δ (L,) and ω (L, N/2).
+    HAS_RST: the sum restarts at each document start (st, first from `_doc_bounds`); only the first document adds the carry."""
     om = tl.load(om_ptr + orow[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
     dt = tl.load(dt_ptr + row, mask=mt, other=0.)
+    if HAS_RST:
+        d = dt[:, None] * om
+        cum, _ = tl.associative_scan((d, tl.broadcast_to((st == t).to(tl.int32)[:, None], d.shape)), 0, _seg_add)
+        return _wrap(tl.where((t < first)[:, None], phi_in[None, :], 0.) + cum), dt, om
     return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0)), dt, om
 
 @triton.jit
@@ -110,10 +134,10 @@ def _rotate(e, o, cs, sn):
 
 # %% ../nbs/01_ssd_triton.ipynb #98849d55
 @triton.jit
-def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, bt_ptr, ct_ptr, cbd_ptr, phit_ptr,
+def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, rst_ptr, bt_ptr, ct_ptr, cbd_ptr, phit_ptr,
                        phis_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
                        L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_THETA: tl.constexpr,
-                       HAS_BIAS: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Per-head rotated keys B̃ and queries C̃ of one (batch, head), in the dot dtype, and the diagonal's C·B: a walk
     over the chunks carrying the fp64 angle carry, which it stores per chunk (fp32) and at the end; grid (H, b)."""
     ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
@@ -134,8 +158,17 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, b
         if HAS_THETA:
             phi_in = _carry_f32(phi_c)                            # the fp32 carry this chunk's angles start from
             tl.store(phis_ptr + (bh * NC + c) * S + j, phi_in, mask=j < S)
-            phi, dt, om = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j, phi_in, S)
-            phi_c = _wrap_carry(phi_c + tl.sum((dt[:, None] * om).to(tl.float64), axis=0))
+            if HAS_RST:
+                st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+            else:                                                 # one document: nothing is read
+                st, first, last = t, L, -1
+            phi, dt, om = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j, phi_in, S,
+                                        t, st, first, HAS_RST)
+            if HAS_RST:                                           # the carry out: the last document's own rotation
+                last_doc = tl.where((t >= last)[:, None], dt[:, None] * om, 0.)
+                phi_c = _wrap_carry(tl.where(last < 0, phi_c, 0.) + tl.sum(last_doc.to(tl.float64), axis=0))
+            else:
+                phi_c = _wrap_carry(phi_c + tl.sum((dt[:, None] * om).to(tl.float64), axis=0))
             cs, sn = tl.cos(phi), tl.sin(phi)
             be, bo = _rotate(be, bo, cs, sn)
             ce, co = _rotate(ce, co, cs, sn)
@@ -146,9 +179,9 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, b
         tl.store(phit_ptr + bh * S + j, _carry_f32(phi_c), mask=j < S)
 
 @triton.jit
-def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, y_ptr, ht_ptr, hs_ptr,
+def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, rst_ptr, y_ptr, ht_ptr, hs_ptr,
                     T, H, NC, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
-                    HAS_D: tl.constexpr, HAS_H0: tl.constexpr, STORE: tl.constexpr,
+                    HAS_D: tl.constexpr, HAS_H0: tl.constexpr, HAS_RST: tl.constexpr, STORE: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """Forward SSD of one (batch, head) over all chunks, from the rotated B̃, C̃ (per head, dot dtype); grid (H, b).
     Tensors contiguous, (b, T, H, ...) layout."""
@@ -181,21 +214,33 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
         a_last = tl.sum(adt, axis=0)
         a2 = a * 1.4426950408889634                              # log2 units: exp2 on the (L, L) tile
         w = tl.where(causal, tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.) * sig[None, :]
+        if HAS_RST:                                               # nothing crosses a document start
+            st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+            w = tl.where(t[None, :] >= st[:, None], w, 0.)
         g = tl.dot(ct, tl.trans(bt), input_precision=PREC)        # C̃ B̃ᵀ, (L, L)
         xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]
         x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)       # (L, P), input dtype
         y = _mm(g * w, x, DOT_DTYPE, PREC) + diag[:, None] * x.to(tl.float32)
-        y += tl.exp(a)[:, None] * _mm(ct, tl.trans(h), DOT_DTYPE, PREC)
+        ea = tl.exp(a)                                            # the read of H_in: the chunk's first document only
+        ek = tl.exp(a_last - a)                                   # the write into the chunk-end state: its last document
+        dec = tl.exp(a_last)
+        if HAS_RST:
+            ea = tl.where(t < first, ea, 0.)
+            ek = tl.where(t >= last, ek, 0.)
+            dec = tl.where(last < 0, dec, 0.)
+        y += ea[:, None] * _mm(ct, tl.trans(h), DOT_DTYPE, PREC)
         tl.store(y_ptr + xo, y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
-        xk = (x.to(tl.float32) * (sig * tl.exp(a_last - a))[:, None]).to(DOT_DTYPE)   # x weighted into the chunk end
-        h = tl.exp(a_last) * h + tl.dot(tl.trans(xk), bt, input_precision=PREC)
+        if HAS_RST:                                               # again: the masks take the registers that held it
+            x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)
+        xk = (x.to(tl.float32) * (sig * ek)[:, None]).to(DOT_DTYPE)   # x weighted into the chunk end
+        h = dec * h + tl.dot(tl.trans(xk), bt, input_precision=PREC)
         c += 1
     tl.store(ht_ptr + bh * P * N + sto, h)
 
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
-def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC,
-                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC,
+                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_RST: tl.constexpr,
                           DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """dL/dH_out of every chunk of one (batch, head), stored per chunk in the dot dtype, and its fp32 product
     <dH_out, H_in> with the chunk's incoming state: the reverse walk dH <- e^{a_last} dH + (e^{a} ⊙ dY)ᵀ C̃ from dL/dH_T;
@@ -215,16 +260,22 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl
         ct = tl.load(ct_ptr + t0 * H * N + (t * H + ih)[:, None] * N + n[None, :], mask=mt[:, None], other=0.)
         adt = tl.load(adt_ptr + row, mask=mt, other=0.)
         dy = tl.load(dy_ptr + t0 * H * P + (t * H + ih)[:, None] * P + p[None, :], mask=mt[:, None], other=0.)
-        dyea = (dy.to(tl.float32) * tl.exp(tl.cumsum(adt, axis=0))[:, None]).to(DOT_DTYPE)
-        dh = tl.exp(tl.sum(adt, axis=0)) * dh + tl.dot(tl.trans(dyea), ct, input_precision=PREC)
+        ea = tl.exp(tl.cumsum(adt, axis=0))
+        dec = tl.exp(tl.sum(adt, axis=0))
+        if HAS_RST:                                                       # H_in reaches the first document only
+            st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+            ea = tl.where(t < first, ea, 0.)
+            dec = tl.where(last < 0, dec, 0.)
+        dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
+        dh = dec * dh + tl.dot(tl.trans(dyea), ct, input_precision=PREC)
         c -= 1
     tl.store(dh0_ptr + bh * P * N + sto, dh)
 
 @triton.jit
-def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, dy_ptr, dhs_ptr, dsl_ptr,
+def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, dy_ptr, dhs_ptr, dsl_ptr,
                           dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dd_ptr, T, H, NC,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_D: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                          HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """Every gradient of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b).
     dB, dC come out in the rotated frame (dB̃, dC̃, fp32); the angle kernel rotates them back."""
     c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -255,11 +306,16 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     a_last = tl.sum(adt, axis=0)
     a2 = a * 1.4426950408889634
     m = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # decay mask W
+    if HAS_RST:                                                                        # nothing crosses a document start
+        st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+        m = tl.where(t[None, :] >= st[:, None], m, 0.)
     g0 = tl.dot(ct, tl.trans(bt), input_precision=PREC)                               # G = C̃ B̃ᵀ, (L, L)
     gw = g0 * (m * sig[None, :])                                                       # G ⊙ W ⊙ σ
     # dX: intra-chunk product, diagonal + skip, and the write into the chunk-end state
     dh = tl.load(dhs_ptr + sto)                                                        # dL/dH_out, (P, N), dot dtype
     ek = tl.exp(a_last - a)
+    if HAS_RST:
+        ek = tl.where(t >= last, ek, 0.)
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
     u = _mm(bt, tl.trans(dh), DOT_DTYPE, PREC)                                         # B̃ dHᵀ, (L, P)
     dx = _mm(tl.trans(gw), dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32) + wk[:, None] * u
@@ -283,6 +339,8 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     bt = tl.load(bt_ptr + bco, mask=mt[:, None], other=0.)                            # B̃ again
     ct = tl.load(ct_ptr + bco, mask=mt[:, None], other=0.)                            # C̃ again
     ea = tl.exp(a)
+    if HAS_RST:
+        ea = tl.where(t < first, ea, 0.)
     dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
     dyea = dy.to(tl.float32) * ea[:, None]
     dct = tl.dot(dgs, bt, acc=_mm(dyea, hin, DOT_DTYPE, PREC), input_precision=PREC) + gd[:, None] * bt.to(tl.float32)
@@ -290,13 +348,17 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
     r = wk * wdot
     da += tl.sum(dyea * _mm(ct, tl.trans(hin), DOT_DTYPE, PREC), axis=1) - r
-    da_last = tl.sum(r, axis=0) + tl.exp(a_last) * tl.load(dsl_ptr + bh * NC + c)
+    dec = tl.exp(a_last)
+    if HAS_RST:
+        dec = tl.where(last < 0, dec, 0.)
+    da_last = tl.sum(r, axis=0) + dec * tl.load(dsl_ptr + bh * NC + c)
     tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
 
 @triton.jit
-def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dphit_ptr,
+def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, dphit_ptr,
                           db_ptr, dc_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
-                          L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+                          L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          HAS_RST: tl.constexpr):
     """Rotate one (batch, head)'s dB̃, dC̃ back to dB, dC and turn the angle gradient into dω, dΔ (a partial sum per
     block of pairs) and dΦ₀: a reverse walk over the chunks carrying dL/d(angle carry); grid (H, b, blocks of NH pairs)."""
     ih, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
@@ -312,8 +374,13 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         mt = c * L + t < T
         row = (t0 + t) * H + ih
         xrow = t * H + ih
+        if HAS_RST:
+            st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+        else:                                                             # one document: nothing is read
+            st, first, last = t, L, -1
         phi, dt, _ = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
-                                   tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.), S)
+                                   tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.), S, t, st, first,
+                                   HAS_RST)
         cs, sn = tl.cos(phi), tl.sin(phi)
         # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
         be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr + 2 * jb * NH, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
@@ -326,8 +393,14 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
         dphi += go * ce - ge * co
         _store_pairs(dc_ptr + t0 * H * N, xrow, mt, ge * cs + go * sn, go * cs - ge * sn, N, NH)
-        ddl = tl.cumsum(dphi, axis=0, reverse=True) + gphi[None, :]                  # dL/dδ, δ = Δ·ω
-        gphi += tl.sum(dphi, axis=0)
+        if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens, and the carry out if in the last one
+            ends = tl.load(rst_ptr + ib * T + c * L + t + 1, mask=c * L + t + 1 < T, other=0).to(tl.int32)  # t ends a document
+            rev, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add, reverse=True)
+            ddl = rev + tl.where((t >= last)[:, None], gphi[None, :], 0.)
+            gphi = tl.where(last < 0, gphi, 0.) + tl.sum(tl.where((t < first)[:, None], dphi, 0.), axis=0)
+        else:
+            ddl = tl.cumsum(dphi, axis=0, reverse=True) + gphi[None, :]              # dL/dδ, δ = Δ·ω
+            gphi += tl.sum(dphi, axis=0)
         tl.store(dom_ptr + t0 * H * S + xrow[:, None] * S + j[None, :], ddl * dt[:, None],
                  mask=mt[:, None] & (j < S)[None, :])
         om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :],   # ω again: cheaper
@@ -391,35 +464,37 @@ def _none_if_empty(t):
 @triton_op("mamba3_lite::ssd_fwd", mutates_args=())
 def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional[Tensor], adt: Tensor, sig: Tensor,
              gam: Tensor, om: Optional[Tensor], dt: Tensor, D: Optional[Tensor], h0: Optional[Tensor],
-             phi0: Optional[Tensor], chunk_size: int, precision: str, store: bool
+             phi0: Optional[Tensor], rst: Optional[Tensor], chunk_size: int, precision: str, store: bool
              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Forward SSD: (Y, H_T, Φ_T) and, for the backward, the rotated B̃ and C̃, C·B, the per-chunk states and angle
-    carries (empty when `store` is False)."""
+    carries (empty when `store` is False). rst (b, T) int32: 1 where a document starts, or None."""
     b, T, H, P = x.shape
     N, S, G = B.shape[-1], (0 if om is None else om.shape[-1]), B.shape[2]
     OM_H = 1 if om is None else om.shape[2]
     NC = triton.cdiv(T, chunk_size)
     f32 = dict(device=x.device, dtype=torch.float32)
     dot = _dot_dtype(x.dtype)
+    rst_ = adt if rst is None else rst                                    # a placeholder pointer without resets
     Bt, Ct = (torch.empty(b, T, H, N, device=x.device, dtype=_TORCH_DTYPES[dot]) for _ in range(2))
     cbd, phit, phis = torch.empty(b, T, H, **f32), torch.zeros(b, H, S, **f32), torch.empty(b, H, NC, S, **f32)
     _launch(_wrapped(_ssd_rotate_kernel), "rotate", (H, b), B, C, adt if Bb is None else Bb,
-            adt if Cb is None else Cb, adt if om is None else om, dt, adt if phi0 is None else phi0, Bt, Ct, cbd, phit,
-            phis, T, H, S, NC, OM_H, int(OM_H > 1), G, H // G,
-            L=chunk_size, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_BIAS=Bb is not None)
+            adt if Cb is None else Cb, adt if om is None else om, dt, adt if phi0 is None else phi0, rst_, Bt, Ct, cbd,
+            phit, phis, T, H, S, NC, OM_H, int(OM_H > 1), G, H // G,
+            L=chunk_size, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_BIAS=Bb is not None,
+            HAS_RST=rst is not None)
     y = torch.empty_like(x)
     ht = torch.empty(b, H, P, N, **f32)
     hs = torch.empty(b, H, NC, P, N, **f32) if store else torch.empty(0, **f32)   # H_in per chunk
     _launch(_wrapped(_ssd_fwd_kernel), "fwd", (H, b), x, Bt, Ct, cbd, adt, sig, gam, adt if D is None else D,
-            adt if h0 is None else h0, y, ht, hs if store else ht, T, H, NC, L=chunk_size, P=P, N=N,
-            HAS_D=D is not None, HAS_H0=h0 is not None, STORE=store, DOT_DTYPE=dot, PREC=precision)
+            adt if h0 is None else h0, rst_, y, ht, hs if store else ht, T, H, NC, L=chunk_size, P=P, N=N,
+            HAS_D=D is not None, HAS_H0=h0 is not None, HAS_RST=rst is not None, STORE=store, DOT_DTYPE=dot, PREC=precision)
     return y, ht, phit, Bt, Ct, cbd, hs, phis
 
 @triton_op("mamba3_lite::ssd_bwd", mutates_args=())
 def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor],
              Cb: Optional[Tensor], Bt: Tensor, Ct: Tensor, cbd: Tensor, adt: Tensor, sig: Tensor, gam: Tensor,
-             om: Optional[Tensor], dt: Tensor, D: Optional[Tensor], hs: Tensor, phis: Tensor, chunk_size: int,
-             precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+             om: Optional[Tensor], dt: Tensor, D: Optional[Tensor], hs: Tensor, phis: Tensor, rst: Optional[Tensor],
+             chunk_size: int, precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                       Tensor, Tensor, Tensor]:
     """Backward SSD: gradients of (x, B, C, B_bias, C_bias, ΔA, σ, γ, ω, Δ (angle path), D, h'_{-1}, Φ₀); empty for
     the inputs that are absent."""
@@ -430,10 +505,11 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     f32 = dict(device=x.device, dtype=torch.float32)
     none = lambda: torch.empty(0, **f32)                                 # a fresh one each: outputs may not alias
     dots = dict(L=chunk_size, P=P, N=N, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision)
+    rst_, has_rst = (adt if rst is None else rst), rst is not None
     dhs = torch.empty(b, H, NC, P, N, device=x.device, dtype=Ct.dtype)   # dL/dH_out per chunk, dot dtype
     dsl, dh0 = torch.empty(b, H, NC, **f32), torch.empty(b, H, P, N, **f32)
-    _launch(_wrapped(_ssd_bwd_state_kernel), "bwd_state", (H, b), Ct, adt, hs, dy, dht, dhs, dsl, dh0, T, H, NC,
-            **dots)
+    _launch(_wrapped(_ssd_bwd_state_kernel), "bwd_state", (H, b), Ct, adt, hs, rst_, dy, dht, dhs, dsl, dh0, T, H,
+            NC, **dots, HAS_RST=has_rst)
     per_head = G == H and Bb is None                                     # else: per-head fp32, reduced below
     out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
     dB, dC = out(B), out(C)
@@ -442,8 +518,8 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
     dD = torch.empty(b, H, NC, **f32)
     _launch(_wrapped(_ssd_bwd_chunk_kernel), "bwd_chunk", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam,
-            adt if D is None else D, hs, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC, **dots,
-            HAS_D=D is not None)
+            adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC, **dots,
+            HAS_D=D is not None, HAS_RST=has_rst)
     dom, ddt, dphi0 = none(), none(), none()
     if om is not None:
         JB = min(max(N // 2, 16), 32)                                    # pairs per program: what fits in registers
@@ -451,8 +527,9 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
         dom, ddt = torch.empty(b, T, H, S, **f32), torch.empty(b, T, H, NJ, **f32)   # dΔ: one sum per pair block
         dphi0 = torch.empty(b, H, S, **f32)
         _launch(_wrapped(_ssd_bwd_angle_kernel), "bwd_angle", (H, b, NJ), B, C, adt if Bb is None else Bb,
-                adt if Cb is None else Cb, om, dt, phis, gB, gC, dphit, dB, dC, dom, ddt, dphi0,
-                T, H, S, NC, OM_H, int(OM_H > 1), G, H // G, L=chunk_size, N=N, NH=JB, HAS_BIAS=Bb is not None)
+                adt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dphit, dB, dC, dom, ddt, dphi0,
+                T, H, S, NC, OM_H, int(OM_H > 1), G, H // G, L=chunk_size, N=N, NH=JB, HAS_BIAS=Bb is not None,
+                HAS_RST=has_rst)
         ddt = ddt.sum(-1)
         if OM_H == 1: dom = dom.sum(2, keepdim=True)                     # ω shared by the heads
     dBb = none() if Bb is None else dB.sum((0, 1)).to(Bb.dtype)            # (H, N)
@@ -464,14 +541,14 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
             dh0, dphi0)
 
 def _ssd_setup(ctx, inputs, output):
-    x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, h0, phi0, chunk_size, precision, store = inputs
+    x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, h0, phi0, rst, chunk_size, precision, store = inputs
     y, ht, phit, Bt, Ct, cbd, hs, phis = output
-    ctx.save_for_backward(x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis)
+    ctx.save_for_backward(x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis, rst)
     ctx.cfg = (chunk_size, precision, h0 is not None, phi0 is not None)
 
 def _ssd_backward(ctx, dy, dht, dphit, *_):
     "The Triton backward; it builds no graph, so a double backward raises instead of silently returning zeros."
-    x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis = ctx.saved_tensors
+    x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis, rst = ctx.saved_tensors
     chunk_size, precision, has_h0, has_phi0 = ctx.cfg
     if hs.numel() == 0: raise RuntimeError("ssd_triton: no states were stored for the backward (called under no_grad?)")
     b, T, H, P = x.shape
@@ -481,11 +558,11 @@ def _ssd_backward(ctx, dy, dht, dphit, *_):
     dphit = (torch.zeros(b, H, 0 if om is None else om.shape[-1], **f32) if dphit is None
              else dphit.float().contiguous())
     g = torch.ops.mamba3_lite.ssd_bwd(dy, dht, dphit, x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis,
-                                      chunk_size, precision)
+                                      rst, chunk_size, precision)
     dx, dB, dC, dBb, dCb, dadt, dsig, dgam, dom, ddt, dD, dh0, dphi0 = g
     return (dx, dB, dC, _none_if_empty(dBb), _none_if_empty(dCb), dadt, dsig, dgam, _none_if_empty(dom),
             _none_if_empty(ddt), _none_if_empty(dD), dh0 if has_h0 else None, dphi0 if has_phi0 else None,
-            None, None, None)
+            None, None, None, None)
 
 _ssd_fwd.register_autograd(_ssd_backward, setup_context=_ssd_setup)
 
@@ -529,8 +606,8 @@ def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bia
     if precision not in ("ieee", "tf32"): raise ValueError(f'precision: expected "ieee" or "tf32", got {precision!r}')
 
 def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, precision="ieee",
-               B_bias=None, C_bias=None):
-    """Fused Triton Mamba-3 SSD (SISO): same contract as `mamba3_lite.ssd.ssd_chunked`; returns (y, SSDState).
+               B_bias=None, C_bias=None, seq_idx=None):
+    """Fused Triton Mamba-3 SSD (SISO): same contract as `mamba3_lite.ssd.ssd_chunked` (seq_idx included); returns (y, SSDState).
     Extension: B, C may be (b, T, G, N) with G | H (head h reads group h // (H/G)) plus per-head `B_bias`,
     `C_bias` (H, N), added in the kernel prologue (no per-head B/C in HBM)."""
     global _MIMO_WARNED
@@ -540,13 +617,17 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
         if not _MIMO_WARNED:
             warnings.warn("ssd_triton: no MIMO kernel yet; MIMO inputs run on the PyTorch ssd_chunked path (slower).")
             _MIMO_WARNED = True
-        return ssd_chunked(x, dt, A, B, C, lam, theta, D, initial_state, chunk_size)
+        return ssd_chunked(x, dt, A, B, C, lam, theta, D, initial_state, chunk_size, seq_idx=seq_idx)
     if not isinstance(x, Tensor) or x.dim() != 4:
         raise ValueError(f"x: expected shape (b, T, H, P), got {getattr(x, 'shape', type(x).__name__)}")
     _check_block_dims(x.shape[-1], B.shape[-1] if isinstance(B, Tensor) else B, chunk_size)
     _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias)
     b, T, H, P = x.shape
-    adt, gam, eps, sig = (t.contiguous() for t in scan_scalars(dt.float(), A.float().expand(b, T, H), lam.float()))   # fp32 (b, T, H)
+    rst = document_starts(seq_idx, b, T, x.device)                        # (b, T) bool: a document starts here, or None
+    adt, gam, eps, sig = scan_scalars(dt.float(), A.float().expand(b, T, H), lam.float(), rst)   # fp32 (b, T, H)
+    if rst is not None:                                                   # the kernels mask the decays: ΔA stays finite
+        adt = adt.masked_fill(rst[..., None], 0.)
+    adt, gam, eps, sig = (t.contiguous() for t in (adt, gam, eps, sig))
     om = None                                                             # angle rates ω = π·tanh(θ), (b, T, 1|H, S)
     if theta is not None:
         om = angle_rate(theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :]).contiguous()
@@ -564,7 +645,8 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     bias = lambda t: None if t is None else t.float().contiguous()
     y, ht, phit, *_ = torch.ops.mamba3_lite.ssd_fwd(x.contiguous(), B.contiguous(), C.contiguous(), bias(B_bias),
                                                     bias(C_bias), adt, sig, gam, om, dt.float().contiguous(), Df, h0,
-                                                    phi0, chunk_size, prec, store)
+                                                    phi0, None if rst is None else rst.to(torch.int32).contiguous(),
+                                                    chunk_size, prec, store)
     k_last = B[:, -1].float().repeat_interleave(H // B.shape[2], dim=1)     # (b, H, N), per head
     if B_bias is not None: k_last = k_last + B_bias.float()
     k_last = rotate_pairs(k_last, phit)                                      # B̃_{T-1}, unscaled

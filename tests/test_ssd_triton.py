@@ -163,18 +163,20 @@ STILL_SPILLING = {(80, 128, "fwd"), (80, 64, "fwd"), (80, 128, "bwd_chunk"), (80
 
 @pytest.fixture(scope="module")
 def default_config_table():
-    """{(arch, N, kernel): row} for every kernel at its default launch config on sm_80 and sm_90: bf16, chunk 64,
-    P = 64, N = 128 (the 434M model) and N = 64, shared B/C with per-head biases."""
+    """{(arch, N, kernel, resets): row} for every kernel at its default launch config on sm_80 and sm_90: bf16, chunk
+    64, P = 64, N = 128 (the 434M model) and N = 64, shared B/C with per-head biases, without and with document
+    restarts (seq_idx: the HAS_RST variants)."""
     rows = [r for N in (128, 64) for r in compile_table("--arch", "80", "90", "--default-config", "--bias", "on",
-                                                       "--P", "64", "--N", str(N))]
-    return {(r["arch"], r["N"], r["kernel"]): r for r in rows}
+                                                       "--resets", "both", "--P", "64", "--N", str(N))]
+    return {(r["arch"], r["N"], r["kernel"], r["resets"]): r for r in rows}
 
 
-@pytest.mark.parametrize("arch,N,kernel", [
-    pytest.param(arch, N, k, marks=pytest.mark.xfail(strict=True, reason="spills at its default config"))
-    if (arch, N, k) in STILL_SPILLING else (arch, N, k) for arch in (80, 90) for N in (128, 64) for k in KERNELS])
-def test_default_config_does_not_spill(default_config_table, arch, N, kernel):
-    r = default_config_table[(arch, N, kernel)]
+@pytest.mark.parametrize("arch,N,kernel,resets", [
+    pytest.param(arch, N, k, rst, marks=pytest.mark.xfail(strict=True, reason="spills at its default config"))
+    if (arch, N, k) in STILL_SPILLING else (arch, N, k, rst)
+    for arch in (80, 90) for N in (128, 64) for k in KERNELS for rst in (False, True)])
+def test_default_config_does_not_spill(default_config_table, arch, N, kernel, resets):
+    r = default_config_table[(arch, N, kernel, resets)]
     assert (r["num_warps"], r["num_stages"]) == tuple(default_config(kernel, arch, N).values())
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
 
@@ -282,3 +284,51 @@ def test_initial_angle_plus_2pi_k_gives_the_same_run(k):
     assert nmax(y2, y) <= 1e-5 and nmax(st2.h, st.h) <= 1e-5 and nmax(st2.k, st.k) <= 1e-5
     assert angle_err(st2.angle, st.angle) <= 1e-5
     assert st2.angle.min() >= 0 and st2.angle.max() < 2 * math.pi
+
+
+def doc_index(b, T, starts):
+    "(b, T) int64 document indices: row r starts a new document at each token in starts[r]."
+    sid = torch.zeros(b, T, dtype=torch.int64)
+    for r, ts in enumerate(starts):
+        for t0 in ts:
+            sid[r, t0:] += 1
+    return sid
+
+
+# chunk_size 16: starts at chunk edges (16, 32), inside chunks (5, 21, 40), two in one chunk (3 and 9; 33 and 37),
+# a document starting at the last token and a row with no start at all
+RESET_CASES = [(50, [[16, 32], [5, 21, 40]], 0), (50, [[3, 9, 33, 37], []], 4), (41, [[16, 40], [1, 2, 20]], 8)]
+
+
+@pytest.mark.parametrize("T,starts,S", RESET_CASES)
+@pytest.mark.parametrize("init", [False, True])
+def test_document_resets_match_ssd_chunked(T, starts, S, init):
+    """seq_idx (document restarts) in the kernels: outputs, final states and every gradient against `ssd_chunked`
+    with the same seq_idx; with an initial state the window starts mid-document (only the first document reads it)."""
+    kw, state = ssd_case(T, S, init, seed=7 * T + S + init)
+    sid = doc_index(2, T, starts)
+    y, st, g_tri = ssd_run_with_grads(ssd_triton, kw, state, chunk_size=16, seq_idx=sid)
+    y_ref, st_ref, g_ref = ssd_run_with_grads(ssd_chunked, kw, state, chunk_size=16, seq_idx=sid)
+    assert nmax(y, y_ref) <= 1e-4
+    for name, a, r in zip(SSDState._fields, st, st_ref):
+        if r.numel():
+            assert nmax(a, r) <= 1e-4, (name, nmax(a, r))
+    assert_grads_close(g_tri, g_ref, 1e-3)
+    y_nr, _ = ssd_triton(**kw, initial_state=state, chunk_size=16)     # the resets change the result
+    assert nmax(y_nr, y_ref) > 1e-2
+
+
+def test_document_resets_with_shared_bc_and_pair_blocks():
+    """Resets with shared B/C + per-head biases (G = 1 group, H = 2 heads) and N = 128 (two angle pair blocks of 32):
+    every gradient against `ssd_chunked` on the per-head B + B_bias, C + C_bias with the same seq_idx."""
+    kw, state = ssd_case(37, 40, True, seed=91, P=16, N=128)
+    g = torch.Generator().manual_seed(91)
+    shared = dict(kw, B=torch.randn(2, 37, 1, 128, generator=g), C=torch.randn(2, 37, 1, 128, generator=g),
+                  B_bias=torch.randn(2, 128, generator=g), C_bias=torch.randn(2, 128, generator=g))
+    sid = doc_index(2, 37, [[16, 30], [7, 8]])
+
+    def reference(B, C, B_bias, C_bias, **rest):
+        return ssd_chunked(B=B.expand(-1, -1, 2, -1) + B_bias, C=C.expand(-1, -1, 2, -1) + C_bias, **rest)
+
+    assert_grads_close(ssd_grads(ssd_triton, shared, state, chunk_size=16, seq_idx=sid),
+                       ssd_grads(reference, shared, state, chunk_size=16, seq_idx=sid), 1e-3)
