@@ -249,13 +249,13 @@ def _triton_opted_in() -> bool:
 def _triton_ssd_or_reason(x: torch.Tensor, headdim: int, d_state: int, chunk_tokens: int):
     "Return (ssd_triton, None) when the kernel accepts this call, else (None, why not)."
     try:
-        from mamba3_lite.ssd_triton import _check_block_dims, ssd_triton
+        from mamba3_lite.ssd_triton import check_block_dims, ssd_triton
     except ImportError as e:
         return None, f"mamba3_lite.ssd_triton is not importable ({e})"
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return None, "the tensors are not on a CUDA device and TRITON_INTERPRET=1 is not set"
     try:
-        _check_block_dims(headdim, d_state, chunk_tokens)
+        check_block_dims(headdim, d_state, chunk_tokens)
     except ValueError as e:
         return None, str(e)
     return ssd_triton, None

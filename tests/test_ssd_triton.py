@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mamba3_lite.ssd import SSDState, angle_err, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state
-from mamba3_lite.ssd_triton import KERNELS, _check_block_dims, default_config, ssd_triton
+from mamba3_lite.ssd_triton import KERNELS, check_block_dims, default_config, ssd_triton
 from mamba3_lite.testing import assert_grads_close, ssd_case, ssd_grads, ssd_run_with_grads
 
 
@@ -62,7 +62,7 @@ def test_other_block_dims(P, N, L):
                                        (16, 32, 8, "chunk_size=8"), (16, 32, 48, "chunk_size=48")])
 def test_bad_block_dims_raise(P, N, L, bad):
     with pytest.raises(ValueError, match='ssd_dispatch="pytorch"') as err:
-        _check_block_dims(P, N, L)
+        check_block_dims(P, N, L)
     assert bad in str(err.value)
     kw, _ = ssd_case(5, 0, False, seed=0, P=P, N=N)
     with pytest.raises(ValueError) as err:
