@@ -4,12 +4,11 @@
 
 # %% auto #0
 __all__ = ['naive_write', 'TiedLM', 'ssd_case', 'ssd_run_with_grads', 'ssd_grads', 'assert_grads_close', 'greedy_by_recompute',
-           'run_captured']
+           'run_captured', 'gpt2_available']
 
 # %% ../nbs/13_testing.ipynb #675bec7a
 import contextlib
 import io
-import sys
 
 import torch
 
@@ -82,3 +81,13 @@ def run_captured(fn, argv):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = fn(argv)
     return rc, out.getvalue(), err.getvalue()
+
+# %% ../nbs/13_testing.ipynb #7c4674bd
+def gpt2_available() -> bool:
+    "Whether the GPT-2 tokenizer loads here (from `MAMBA3_LITE_GPT2_RANKS` or tiktoken's cache)."
+    from mamba3_lite.tokenizer import TokenizerUnavailableError, gpt2_encoding
+    try:
+        gpt2_encoding()
+        return True
+    except TokenizerUnavailableError:
+        return False

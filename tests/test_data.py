@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from mamba3_lite import data as D
 from mamba3_lite import tokenizer as Tok
 from mamba3_lite.cli import install_tokenizer_cli, prepare_cli
 from mamba3_lite import prepare as Prep
@@ -395,7 +394,7 @@ def test_prepare_round_trip(tmp_path, workers):
 
 @needs_ranks
 def test_prepare_val_tokens_whole_documents_and_rerun(tmp_path):
-    docs = _corpus(tmp_path / "c")
+    _corpus(tmp_path / "c")
     enc = Tok.gpt2_encoding(RANKS)
     out = tmp_path / "out"
     kw = dict(shard_size_tokens=64, val_tokens=150, text_field="body", progress=False, bpe_file=RANKS)

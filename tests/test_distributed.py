@@ -11,9 +11,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
-from mamba3_lite import train as T
 from mamba3_lite.logger import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

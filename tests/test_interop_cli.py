@@ -1,7 +1,6 @@
 """`mamba3-lite export` / `import`: a trained run -> official model directory -> a new run that `generate`, `eval`
 and `train` accept, with the same logits. The round trip runs the console script in subprocesses; the rest calls
 the same entry point (`mamba3_lite.cli.main`) in-process, to keep the time down."""
-import dataclasses
 import os
 import subprocess
 import sys

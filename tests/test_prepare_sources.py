@@ -23,18 +23,9 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from mamba3_lite.data import Shard  # noqa: E402
 from mamba3_lite.prepare import MissingExtraError, iter_parquet_documents, prepare_corpus  # noqa: E402
-from mamba3_lite.tokenizer import TokenizerUnavailableError, gpt2_encoding  # noqa: E402
+from mamba3_lite.testing import gpt2_available  # noqa: E402
 
-
-def _gpt2_available():
-    try:
-        gpt2_encoding()
-        return True
-    except TokenizerUnavailableError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
+pytestmark = pytest.mark.skipif(not gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 ROOT = Path(__file__).resolve().parents[1]
 
 

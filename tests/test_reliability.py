@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from mamba3_lite.testing import run_captured
+from mamba3_lite.testing import gpt2_available, run_captured
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
 from mamba3_lite import train as T
@@ -67,16 +67,9 @@ def rewrite_meta(path, change):
     Path(path).write_text(json.dumps(meta, indent=2))
 
 
-def _gpt2_available():
-    try:
-        from mamba3_lite.tokenizer import gpt2_encoding
-        gpt2_encoding()
-        return True
-    except Exception:
-        return False
 
 
-needs_gpt2 = pytest.mark.skipif(not _gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
+needs_gpt2 = pytest.mark.skipif(not gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 
 
 # 1 -- one writer per run directory ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from mamba3_lite.testing import run_captured
+from mamba3_lite.testing import gpt2_available, run_captured
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
@@ -284,16 +284,9 @@ def test_cli_overrides_and_no_grad_checkpoint(tmp_path):
     assert (cfg.training.max_steps, cfg.training.lr, cfg.model["chunk_size"], cfg.training.seed) == (3, 1e-3, 8, 9)
 
 
-def _gpt2_available():
-    try:
-        from mamba3_lite.tokenizer import gpt2_encoding
-        gpt2_encoding()
-        return True
-    except Exception:
-        return False
 
 
-@pytest.mark.skipif(not _gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
+@pytest.mark.skipif(not gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 def test_cli_end_to_end_train_eval_generate(tmp_path):
     from mamba3_lite.cli import prepare_cli
     corpus = tmp_path / "corpus"
@@ -343,7 +336,7 @@ def test_nan_guard_gives_up_after_repeated_rollbacks(tmp_path):
     assert sum("restoring checkpoint step 2" in m for m in msgs) == 3
 
 
-@pytest.mark.skipif(not _gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
+@pytest.mark.skipif(not gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     "--reset-at-eos (or --set data.reset_at_eos=true) reaches the batches, the loss, evaluation, eval and generate."
     from mamba3_lite import evaluate as E
