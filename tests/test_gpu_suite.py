@@ -58,9 +58,23 @@ def test_budget_skips_what_does_not_fit(tmp_path):
     assert "| e2e_smoke | skipped |" in (out / "summary.md").read_text()
 
 
+HOLD_AT_CHECK_3 = """
+import builtins, time
+_print = builtins.print
+def _held_print(*args, **kw):
+    _print(*args, **kw)
+    if args and str(args[0]).startswith("--- [3]"):
+        time.sleep(600)          # the section's cap interrupts this: a check that outlives its cap, every time
+builtins.print = _held_print
+"""
+
+
 def test_cut_section_keeps_its_partial_result(tmp_path):
     "A section past its cap gets SIGINT: status 'cut', the JSON its script wrote on the way out is in results.json."
-    r, out = suite(tmp_path, "--smoke", "--cpu", "--section", "e2e_smoke", SUITE_CAP_e2e_smoke="12")
+    hold = tmp_path / "hold"; hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD_AT_CHECK_3)    # the smoke stalls at check 3, however fast the machine
+    r, out = suite(tmp_path, "--smoke", "--cpu", "--section", "e2e_smoke", SUITE_CAP_e2e_smoke="12",
+                   PYTHONPATH=str(hold) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     assert r.returncode == 1, r.stdout[-2000:]
     sections = json.loads((out / "results.json").read_text())["sections"]
     e2e = sections["e2e_smoke"]
