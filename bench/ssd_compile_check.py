@@ -73,12 +73,14 @@ def ptxas_report(ptx, arch):
 
 
 def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32,
-                   resets=False):
-    "Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row."
+                   resets=False, BN=None, half="all"):
+    """Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row.
+    bwd_chunk: state tile `BN` (default: the arch's), and `half` "x", "bc" or "all" (DO_X, DO_BC or both)."""
+    BN = min(BN or kern.default_config(kind, arch, N).get("BN", N), N)
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     fn = getattr(kern, f"_ssd_{kind}_kernel")
     NH = max(N // 2, 16)
-    every = dict(L=L, P=P, N=N, NH=min(NH, 32) if kind == "bwd_angle" else NH,   # the angle kernel: <= 32 pairs
+    every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x", NH=min(NH, 32) if kind == "bwd_angle" else NH,   # the angle kernel: <= 32 pairs
                  HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True, HAS_RST=resets,
                  STORE=True, DOT_DTYPE=dot, PREC="ieee")
     consts = {k: v for k, v in every.items() if k in fn.arg_names}
@@ -87,9 +89,23 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
     sig, consts, attrs = specialise(fn, dtype, consts, kind == "bwd_angle" and not bias, launch_ints(T, H, S, L, bias))
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                         target=GPUTarget("cuda", arch, 32), options=options)
-    return dict(kernel=kind, arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, resets=resets, num_warps=warps, num_stages=stages,
+    return dict(kernel=kind, half=half if kind == "bwd_chunk" else None, BN=BN if kind == "bwd_chunk" else None,
+                arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, resets=resets, num_warps=warps, num_stages=stages,
                 maxnreg=maxnreg, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
                 **ptxas_report(ck.asm["ptx"], arch))
+
+
+def launches(kind, arch, a):
+    """(num_warps, num_stages, BN, half) of each launch of `kind` to compile: its default config on `arch`, or the
+    sweep the arguments ask for. bwd_chunk split in two launches gives two rows, halves "x" and "bc"."""
+    d = kern.default_config(kind, arch, a.N)
+    if a.default_config:
+        grid, split = [(d["num_warps"], d["num_stages"], d.get("BN"))], d.get("split", False)
+    else:
+        grid = [(w, s, bn) for w in a.warps for s in a.stages for bn in (a.bn if kind == "bwd_chunk" else [None])]
+        split = d.get("split", False) if a.split is None else a.split == "on"
+    halves = ("x", "bc") if kind == "bwd_chunk" and split else ("all",)
+    return [(w, s, bn, h) for w, s, bn in grid for h in halves]
 
 
 def main(argv=None):
@@ -106,6 +122,10 @@ def main(argv=None):
                    help="compile the shared-B/C + bias variant (HAS_BIAS), the per-head one, or both")
     p.add_argument("--resets", default="off", choices=["on", "off", "both"],
                    help="compile the variant with document restarts (seq_idx, HAS_RST), the one without, or both")
+    p.add_argument("--bn", type=int, nargs="+", default=[None],
+                   help="bwd_chunk: state tiles to try (default: the arch's default)")
+    p.add_argument("--split", default=None, choices=["on", "off"],
+                   help="bwd_chunk: its two halves as two launches (on) or one (off); default: the arch's default")
     p.add_argument("--default-config", action="store_true",
                    help="compile each kernel at its default launch config for the arch (ignores --warps/--stages)")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")
@@ -113,7 +133,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     rows, failed = [], False
     print(f"triton {triton.__version__}, P={a.P} N={a.N}")
-    print(f"{'kernel':9} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
+    print(f"{'kernel':12} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
           f"{'spill st/ld B':>14} {'smem KiB':>8} {'compile s':>9}")
     biases = {"on": (True,), "off": (False,), "both": (False, True)}[a.bias]
     resets_ = {"on": (True,), "off": (False,), "both": (False, True)}[a.resets]
@@ -122,18 +142,16 @@ def main(argv=None):
             for bias, resets in ((bi, re) for bi in biases for re in resets_):
                 for L in a.chunk:
                     for kind in a.kernels:
-                        configs = ([kern.default_config(kind, arch, a.N)] if a.default_config else
-                                   [dict(num_warps=w, num_stages=s) for w in a.warps for s in a.stages])
-                        for cfg in configs:
-                            warps, stages = cfg["num_warps"], cfg["num_stages"]
-                            head = (f"{kind:9} {arch:4} {dtype:5} {'yes' if bias else 'no':4} "
+                        for warps, stages, BN, half in launches(kind, arch, a):
+                            name = kind if half == "all" else f"{kind}.{half}"
+                            head = (f"{name:12} {arch:4} {dtype:5} {'yes' if bias else 'no':4} "
                                     f"{'yes' if resets else 'no':3} {L:4} {warps:5} {stages:6}")
                             try:
                                 r = compile_kernel(kind, dtype, L, a.P, a.N, warps, stages, arch, bias,
-                                                   cfg.get("maxnreg"), resets=resets)
+                                                   resets=resets, BN=BN, half=half)
                             except Exception as e:  # a compile error is the finding: report it and fail at the end
                                 failed = True
-                                r = dict(kernel=kind, arch=arch, dtype=dtype, L=L, num_warps=warps,
+                                r = dict(kernel=kind, half=half, arch=arch, dtype=dtype, L=L, num_warps=warps,
                                          num_stages=stages, bias=bias, resets=resets, error=f"{type(e).__name__}: {e}"[:2000])
                                 print(f"{head} COMPILE ERROR {r['error'][:300]}")
                                 rows.append(r)

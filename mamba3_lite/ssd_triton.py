@@ -272,87 +272,118 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
     tl.store(dh0_ptr + bh * P * N + sto, dh)
 
 @triton.jit
+def _gram_t(bt_ptr, ct_ptr, bco, mt, L: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    "Gᵀ = B̃ C̃ᵀ of one chunk, (L, L) fp32, summed over the state in tiles of BN columns."
+    gt = tl.zeros((L, L), tl.float32)
+    for k in range(0, N, BN):
+        n = k + tl.arange(0, BN)
+        bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        gt = tl.dot(bt, tl.trans(ct), acc=gt, input_precision=PREC)
+    return gt
+
+@triton.jit
 def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, dy_ptr, dhs_ptr, dsl_ptr,
                           dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dd_ptr, T, H, NC,
-                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_D: tl.constexpr,
-                          HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """Every gradient of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b).
-    dB, dC come out in the rotated frame (dB̃, dC̃, fp32); the angle kernel rotates them back."""
+                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr,
+                          DO_BC: tl.constexpr, HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                          PREC: tl.constexpr):
+    """The gradients of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b).
+    DO_X: those of x, ΔA, σ, γ and D; DO_BC: dB̃ and dC̃ (fp32, in the rotated frame: the angle kernel rotates them
+    back). Either or both: where registers are scarce the two halves run as two launches. The state dimension is
+    visited in tiles of BN columns, and every sum over it is recomputed from memory rather than held."""
     c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     bh = ib * H + ih
-    t = tl.arange(0, L); p = tl.arange(0, P); n = tl.arange(0, N)
-    sto = (bh * NC + c) * P * N + p[:, None] * N + n[None, :]
+    t = tl.arange(0, L); p = tl.arange(0, P)
     t0 = ib * T + c * L
     mt = c * L + t < T
     row = (t0 + t) * H + ih
     xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]
-    bco = t0 * H * N + (t * H + ih)[:, None] * N + n[None, :]
-    x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)                               # (L, P), input dtype
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-    rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # γ-diagonal and D skip
-    tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))
-    bt = tl.load(bt_ptr + bco, mask=mt[:, None], other=0.)                            # B̃, C̃: (L, N), dot dtype
-    ct = tl.load(ct_ptr + bco, mask=mt[:, None], other=0.)
-    cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
-    adt = tl.load(adt_ptr + row, mask=mt, other=0.)
+    bco = t0 * H * N + (t * H + ih)[:, None] * N                                        # + a tile of state columns
+    sto = (bh * NC + c) * P * N + p[:, None] * N                                       # + a tile of state columns
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
-    gam = tl.load(gam_ptr + row, mask=mt, other=0.)
-    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
-    gd = rdiag * gam
-    dskip = 0.
-    if HAS_D:
-        dskip = tl.load(d_ptr + ih).to(tl.float32)
+    adt = tl.load(adt_ptr + row, mask=mt, other=0.)
     a = tl.cumsum(adt, axis=0)
     a_last = tl.sum(adt, axis=0)
     a2 = a * 1.4426950408889634
-    m = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # decay mask W
+    ea = tl.exp(a)                                                                     # the read of H_in
+    ek = tl.exp(a_last - a)                                                            # the write into H_out
     if HAS_RST:                                                                        # nothing crosses a document start
         st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
-        m = tl.where(t[None, :] >= st[:, None], m, 0.)
-    g0 = tl.dot(ct, tl.trans(bt), input_precision=PREC)                               # G = C̃ B̃ᵀ, (L, L)
-    gw = g0 * (m * sig[None, :])                                                       # G ⊙ W ⊙ σ
-    # dX: intra-chunk product, diagonal + skip, and the write into the chunk-end state
-    dh = tl.load(dhs_ptr + sto)                                                        # dL/dH_out, (P, N), dot dtype
-    ek = tl.exp(a_last - a)
-    if HAS_RST:
+        ea = tl.where(t < first, ea, 0.)
         ek = tl.where(t >= last, ek, 0.)
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
-    u = _mm(bt, tl.trans(dh), DOT_DTYPE, PREC)                                         # B̃ dHᵀ, (L, P)
-    dx = _mm(tl.trans(gw), dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32) + wk[:, None] * u
-    tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
-    wdot = tl.sum(x.to(tl.float32) * u, axis=1)                                        # B̃·(X dH) per row
-    # the masked product: dG, and the log-decay gradient of the mask (rows +, columns -)
-    dg = _mm(dy, tl.trans(x), DOT_DTYPE, PREC) * m                                     # dL/d(G σ), (L, L)
-    pg = dg * g0
-    dww = pg * sig[None, :]                                                            # dL/dW ⊙ W
-    da = tl.sum(dww, axis=1) - tl.sum(dww, axis=0)
-    dsig = tl.sum(pg, axis=0) + ek * wdot
-    tl.store(dsig_ptr + row, dsig, mask=mt)
-    # keys: the intra-chunk product (weight σ) and the state write (weight κ), one accumulator
-    dgs = (dg * sig[None, :]).to(DOT_DTYPE)
-    x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)                               # again: cheaper than holding it
-    db = tl.dot(tl.trans(dgs), ct, acc=_mm(x.to(tl.float32) * wk[:, None], dh, DOT_DTYPE, PREC), input_precision=PREC)
-    db += gd[:, None] * ct.to(tl.float32)
-    tl.store(db_ptr + bco, db.to(db_ptr.dtype.element_ty), mask=mt[:, None])
-    # queries: the intra-chunk product and the inter-chunk read e^{a_t} C̃_t H_in
-    hin = tl.load(hs_ptr + sto).to(DOT_DTYPE)                                         # H_in, (P, N)
-    bt = tl.load(bt_ptr + bco, mask=mt[:, None], other=0.)                            # B̃ again
-    ct = tl.load(ct_ptr + bco, mask=mt[:, None], other=0.)                            # C̃ again
-    ea = tl.exp(a)
-    if HAS_RST:
-        ea = tl.where(t < first, ea, 0.)
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-    dyea = dy.to(tl.float32) * ea[:, None]
-    dct = tl.dot(dgs, bt, acc=_mm(dyea, hin, DOT_DTYPE, PREC), input_precision=PREC) + gd[:, None] * bt.to(tl.float32)
-    tl.store(dc_ptr + bco, dct.to(dc_ptr.dtype.element_ty), mask=mt[:, None])
-    # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
-    r = wk * wdot
-    da += tl.sum(dyea * _mm(ct, tl.trans(hin), DOT_DTYPE, PREC), axis=1) - r
-    dec = tl.exp(a_last)
-    if HAS_RST:
-        dec = tl.where(last < 0, dec, 0.)
-    da_last = tl.sum(r, axis=0) + dec * tl.load(dsl_ptr + bh * NC + c)
-    tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
+    if DO_X:
+        x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)                           # (L, P), input dtype
+        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+        rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                   # γ-diagonal and D skip
+        tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))
+        cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                 # C·B
+        tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
+        # the (L, L) tiles are held transposed, keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads them
+        wt = tl.where(t[:, None] < t[None, :], tl.exp2(tl.minimum(a2[None, :] - a2[:, None], 0.)), 0.)   # Wᵀ
+        if HAS_RST:
+            wt = tl.where(t[:, None] >= st[None, :], wt, 0.)
+        # the log-decay gradient of the mask (rows +, columns -) and dσ, from dL/d(G σ) ⊙ G
+        pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * wt * _gram_t(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
+        dwwt = pgt * sig[:, None]                                                      # (dL/dW ⊙ W)ᵀ
+        da = tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1)
+        dsig = tl.sum(pgt, axis=1)
+        # dX: the intra-chunk product (Gᵀ again: cheaper than holding it), diagonal + skip, and the write into H_out
+        u = tl.zeros((L, P), tl.float32)                                               # U = B̃ dHᵀ, (L, P)
+        for k in range(0, N, BN):
+            n = k + tl.arange(0, BN)
+            bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)        # (L, BN), dot dtype
+            u = tl.dot(bt, tl.trans(tl.load(dhs_ptr + sto + n[None, :])), acc=u, input_precision=PREC)
+        gwt = _gram_t(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC) * (wt * sig[:, None])    # (G ⊙ W ⊙ σ)ᵀ
+        dskip = 0.
+        if HAS_D:
+            dskip = tl.load(d_ptr + ih).to(tl.float32)
+        gam = tl.load(gam_ptr + row, mask=mt, other=0.)
+        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)                         # again: cheaper than holding it
+        dx = _mm(gwt, dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32) + wk[:, None] * u
+        tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
+        x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)
+        wdot = tl.sum(x.to(tl.float32) * u, axis=1)                                    # B̃·(X dH) per row
+        tl.store(dsig_ptr + row, dsig + ek * wdot, mask=mt)
+        # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
+        q = tl.zeros((L, P), tl.float32)                                               # C̃ H_inᵀ, (L, P)
+        for k in range(0, N, BN):
+            n = k + tl.arange(0, BN)
+            ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+            q = tl.dot(ct, tl.trans(tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)), acc=q, input_precision=PREC)
+        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+        r = wk * wdot
+        da += tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1) - r
+        dec = tl.exp(a_last)
+        if HAS_RST:
+            dec = tl.where(last < 0, dec, 0.)
+        da_last = tl.sum(r, axis=0) + dec * tl.load(dsl_ptr + bh * NC + c)
+        tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
+    if DO_BC:
+        # keys: the intra-chunk product (weight σ) and the state write (weight κ); queries: the intra-chunk product
+        # and the inter-chunk read; both: the γ-diagonal
+        x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)
+        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+        gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
+        w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # W
+        if HAS_RST:
+            w = tl.where(t[None, :] >= st[:, None], w, 0.)
+        dgs = (_mm(dy, tl.trans(x), DOT_DTYPE, PREC) * w * sig[None, :]).to(DOT_DTYPE)   # dL/dG, (L, L)
+        xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)
+        dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
+        for k in range(0, N, BN):
+            n = k + tl.arange(0, BN)
+            bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+            ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+            dh = tl.load(dhs_ptr + sto + n[None, :])                                   # dL/dH_out, (P, BN), dot dtype
+            hin = tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)                    # H_in, (P, BN)
+            db = tl.dot(tl.trans(dgs), ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
+            tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
+                     mask=mt[:, None])
+            dct = tl.dot(dgs, bt, acc=tl.dot(dyea, hin, input_precision=PREC), input_precision=PREC)
+            tl.store(dc_ptr + bco + n[None, :], (dct + gd[:, None] * bt.to(tl.float32)).to(dc_ptr.dtype.element_ty),
+                     mask=mt[:, None])
 
 @triton.jit
 def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, dphit_ptr,
@@ -413,11 +444,16 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
 KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the launch order: forward, then backward
 _DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},    # A100
                    90: {k: dict(num_warps=8, num_stages=1) for k in KERNELS}}    # H100/H200
+# the chunk backward: state tiles of BN columns; on sm_80 its two halves (dX..., dB̃/dC̃) as two launches
+_DEFAULT_CONFIG[80]["bwd_chunk"].update(BN=16, split=True)
+_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=64, split=False)
 
 def default_config(kind, arch=90, N=128):
-    "num_warps/num_stages of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later), d_state N."
+    """Launch config of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later), d_state N:
+    num_warps, num_stages and, for bwd_chunk, its state tile BN and whether it runs as two launches (split)."""
     cfg = dict(_DEFAULT_CONFIG[90 if arch >= 90 else 80][kind])
     if kind == "rotate" and N <= 64: cfg["num_warps"] = 4   # 8 warps: ptxas settles on 128 registers and spills
+    if "BN" in cfg: cfg["BN"] = min(cfg["BN"], N)
     return cfg
 
 def _env_int(name):
@@ -428,7 +464,7 @@ def _env_int(name):
     except ValueError: raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
 
 def _launch_config(kind, N=128):
-    "num_warps/num_stages of kernel `kind` on this GPU (sm_90 without one), after the TRITON_PER_CHUNK_* overrides."
+    "`default_config` of kernel `kind` on this GPU (sm_90 without one), after the TRITON_PER_CHUNK_* overrides."
     major, minor = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
     cfg = default_config(kind, 10 * major + minor, N)
     for key, env in (("num_warps", "TRITON_PER_CHUNK_NUM_WARPS"), ("num_stages", "TRITON_PER_CHUNK_NUM_STAGES")):
@@ -445,9 +481,10 @@ def _dot_dtype(dtype):
     return tl.float32 if _INTERPRET else _TL_DTYPES[dtype]
 
 def _launch(kernel, kind, grid, *args, **meta):
-    "Launch with the 'fwd'/'bwd' config; a config that does not fit on the GPU becomes a ValueError that says what to do."
+    "Launch with the config of `kind`; a config that does not fit on the GPU becomes a ValueError that says what to do."
+    cfg = {k: v for k, v in _launch_config(kind, meta["N"]).items() if k != "split"}
     try:
-        kernel[grid](*args, **meta, **_launch_config(kind, meta["N"]))
+        kernel[grid](*args, **meta, **cfg)
     except OutOfResources as e:
         dims = f"chunk_size={meta['L']}, P={meta.get('P', '-')}, N={meta['N']}"
         raise ValueError(f"ssd_triton: the {kind} kernel does not fit on this GPU at {dims} ({e}); "
@@ -517,9 +554,11 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dx = torch.empty_like(x)
     dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
     dD = torch.empty(b, H, NC, **f32)
-    _launch(_wrapped(_ssd_bwd_chunk_kernel), "bwd_chunk", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam,
-            adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC, **dots,
-            HAS_D=D is not None, HAS_RST=has_rst)
+    halves = ((True, False), (False, True)) if _launch_config("bwd_chunk", N)["split"] else ((True, True),)
+    for do_x, do_bc in halves:
+        _launch(_wrapped(_ssd_bwd_chunk_kernel), "bwd_chunk", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam,
+                adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC, **dots,
+                DO_X=do_x, DO_BC=do_bc, HAS_D=D is not None, HAS_RST=has_rst)
     dom, ddt, dphi0 = none(), none(), none()
     if om is not None:
         JB = min(max(N // 2, 16), 32)                                    # pairs per program: what fits in registers
