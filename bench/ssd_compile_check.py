@@ -30,6 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mamba3_lite import ssd_triton as kern  # noqa: E402
 
+HALVES = {"fwd": ("state", "chunk"), "bwd_chunk": ("x", "bc")}   # the launches of a kernel split in two
 HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "bt_ptr", "ct_ptr", "dhs_ptr")
 INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG")
 
@@ -75,10 +76,12 @@ def ptxas_report(ptx, arch):
 def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32,
                    resets=False, BN=None, half="all"):
     """Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row.
-    bwd_chunk: state tile `BN` (default: the arch's), and `half` "x", "bc" or "all" (DO_X, DO_BC or both)."""
+    `half`: "all", or for a kernel split in two launches (`HALVES`) which one; `BN`: the state tile of the kernels
+    that tile the state (default: the arch's)."""
     BN = min(BN or kern.default_config(kind, arch, N).get("BN", N), N)
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
-    fn = getattr(kern, f"_ssd_{kind}_kernel")
+    fn = getattr(kern, f"_ssd_fwd_{half}_kernel" if kind == "fwd" and half != "all" else f"_ssd_{kind}_kernel")
+    BN = BN if "BN" in fn.arg_names else None
     NH = max(N // 2, 16)
     every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x", NH=min(NH, 32) if kind == "bwd_angle" else NH,   # the angle kernel: <= 32 pairs
                  HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True, HAS_RST=resets,
@@ -89,7 +92,7 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
     sig, consts, attrs = specialise(fn, dtype, consts, kind == "bwd_angle" and not bias, launch_ints(T, H, S, L, bias))
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                         target=GPUTarget("cuda", arch, 32), options=options)
-    return dict(kernel=kind, half=half if kind == "bwd_chunk" else None, BN=BN if kind == "bwd_chunk" else None,
+    return dict(kernel=kind, half=half if kind in HALVES else None, BN=BN,
                 arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, resets=resets, num_warps=warps, num_stages=stages,
                 maxnreg=maxnreg, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
                 **ptxas_report(ck.asm["ptx"], arch))
@@ -97,14 +100,14 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
 
 def launches(kind, arch, a):
     """(num_warps, num_stages, BN, half) of each launch of `kind` to compile: its default config on `arch`, or the
-    sweep the arguments ask for. bwd_chunk split in two launches gives two rows, halves "x" and "bc"."""
+    sweep the arguments ask for. A kernel split in two launches gives a row per launch (`HALVES`)."""
     d = kern.default_config(kind, arch, a.N)
     if a.default_config:
         grid, split = [(d["num_warps"], d["num_stages"], d.get("BN"))], d.get("split", False)
     else:
-        grid = [(w, s, bn) for w in a.warps for s in a.stages for bn in (a.bn if kind == "bwd_chunk" else [None])]
+        grid = [(w, s, bn) for w in a.warps for s in a.stages for bn in (a.bn if kind in HALVES else [None])]
         split = d.get("split", False) if a.split is None else a.split == "on"
-    halves = ("x", "bc") if kind == "bwd_chunk" and split else ("all",)
+    halves = HALVES[kind] if kind in HALVES and split else ("all",)
     return [(w, s, bn, h) for w, s, bn in grid for h in halves]
 
 
@@ -123,9 +126,9 @@ def main(argv=None):
     p.add_argument("--resets", default="off", choices=["on", "off", "both"],
                    help="compile the variant with document restarts (seq_idx, HAS_RST), the one without, or both")
     p.add_argument("--bn", type=int, nargs="+", default=[None],
-                   help="bwd_chunk: state tiles to try (default: the arch's default)")
+                   help="fwd, bwd_chunk: state tiles to try (default: the arch's default)")
     p.add_argument("--split", default=None, choices=["on", "off"],
-                   help="bwd_chunk: its two halves as two launches (on) or one (off); default: the arch's default")
+                   help="fwd, bwd_chunk: two launches (on) or one (off); default: the arch's default")
     p.add_argument("--default-config", action="store_true",
                    help="compile each kernel at its default launch config for the arch (ignores --warps/--stages)")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")

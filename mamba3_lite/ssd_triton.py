@@ -237,6 +237,101 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
         c += 1
     tl.store(ht_ptr + bh * P * N + sto, h)
 
+# %% ../nbs/01_ssd_triton.ipynb #5d0c2f4e
+@triton.jit
+def _gram(a_ptr, b_ptr, bco, mt, L: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    "A Bᵀ of one chunk's (L, N) tiles at `a_ptr`, `b_ptr` (dot dtype), (L, L) fp32, summed over tiles of BN state columns."
+    g = tl.zeros((L, L), tl.float32)
+    for k in range(0, N, BN):
+        n = k + tl.arange(0, BN)
+        a = tl.load(a_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        b = tl.load(b_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        g = tl.dot(a, tl.trans(b), acc=g, input_precision=PREC)
+    return g
+
+@triton.jit
+def _read_state(ct_ptr, hs_ptr, bco, sto, mt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
+                DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    "C̃ H_inᵀ of one chunk, (L, P) fp32, from its stored fp32 state, over tiles of BN state columns."
+    q = tl.zeros((L, P), tl.float32)
+    for k in range(0, N, BN):
+        n = k + tl.arange(0, BN)
+        ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        q = tl.dot(ct, tl.trans(tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)), acc=q, input_precision=PREC)
+    return q
+
+@triton.jit
+def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_ptr, hs_ptr, T, H, NC,
+                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_H0: tl.constexpr,
+                          HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """The state pass of the two-pass forward: one (batch, head) and one tile of BN state columns walks the chunks,
+    storing every chunk's H_in (fp32) and the final state; grid (H, b, N // BN)."""
+    ih, ib, jn = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    bh = ib * H + ih
+    t = tl.arange(0, L); p = tl.arange(0, P); n = jn * BN + tl.arange(0, BN)
+    sto = p[:, None] * N + n[None, :]                                      # a (P, BN) tile of the state
+    if HAS_H0:
+        h = tl.load(h0_ptr + bh * P * N + sto)
+    else:
+        h = tl.zeros((P, BN), tl.float32)
+    c = 0
+    while c < NC:
+        t0 = ib * T + c * L
+        mt = c * L + t < T
+        row = (t0 + t) * H + ih
+        tl.store(hs_ptr + (bh * NC + c) * P * N + sto, h)
+        adt = tl.load(adt_ptr + row, mask=mt, other=0.)
+        sig = tl.load(sig_ptr + row, mask=mt, other=0.)
+        a = tl.cumsum(adt, axis=0)
+        a_last = tl.sum(adt, axis=0)
+        ek = tl.exp(a_last - a)
+        dec = tl.exp(a_last)
+        if HAS_RST:
+            st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+            ek = tl.where(t >= last, ek, 0.)
+            dec = tl.where(last < 0, dec, 0.)
+        x = tl.load(x_ptr + t0 * H * P + (t * H + ih)[:, None] * P + p[None, :], mask=mt[:, None], other=0.)
+        xk = (x.to(tl.float32) * (sig * ek)[:, None]).to(DOT_DTYPE)
+        bt = tl.load(bt_ptr + t0 * H * N + (t * H + ih)[:, None] * N + n[None, :], mask=mt[:, None], other=0.)
+        h = tl.dot(tl.trans(xk), bt, acc=dec * h, input_precision=PREC)
+        c += 1
+    tl.store(ht_ptr + bh * P * N + sto, h)
+
+@triton.jit
+def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, y_ptr,
+                          T, H, NC, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
+                          HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """The chunk pass of the two-pass forward: Y of one chunk of one (batch, head) from its stored H_in;
+    grid (NC, H, b)."""
+    c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    bh = ib * H + ih
+    t = tl.arange(0, L); p = tl.arange(0, P)
+    t0 = ib * T + c * L
+    mt = c * L + t < T
+    row = (t0 + t) * H + ih
+    xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]
+    bco = t0 * H * N + (t * H + ih)[:, None] * N                                        # + a tile of state columns
+    sto = (bh * NC + c) * P * N + p[:, None] * N
+    adt = tl.load(adt_ptr + row, mask=mt, other=0.)
+    sig = tl.load(sig_ptr + row, mask=mt, other=0.)
+    a = tl.cumsum(adt, axis=0)
+    a2 = a * 1.4426950408889634
+    w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.) * sig[None, :]
+    ea = tl.exp(a)
+    if HAS_RST:
+        st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+        w = tl.where(t[None, :] >= st[:, None], w, 0.)
+        ea = tl.where(t < first, ea, 0.)
+    dskip = 0.
+    if HAS_D:
+        dskip = tl.load(d_ptr + ih).to(tl.float32)
+    diag = tl.load(gam_ptr + row, mask=mt, other=0.) * tl.load(cbd_ptr + row, mask=mt, other=0.) + dskip
+    x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)
+    y = _mm(_gram(ct_ptr, bt_ptr, bco, mt, L, N, BN, PREC) * w, x, DOT_DTYPE, PREC) + diag[:, None] * x.to(tl.float32)
+    y += ea[:, None] * _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)
+    tl.store(y_ptr + xo, y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
+
+
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
 def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC,
@@ -270,17 +365,6 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
         dh = dec * dh + tl.dot(tl.trans(dyea), ct, input_precision=PREC)
         c -= 1
     tl.store(dh0_ptr + bh * P * N + sto, dh)
-
-@triton.jit
-def _gram_t(bt_ptr, ct_ptr, bco, mt, L: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
-    "Gᵀ = B̃ C̃ᵀ of one chunk, (L, L) fp32, summed over the state in tiles of BN columns."
-    gt = tl.zeros((L, L), tl.float32)
-    for k in range(0, N, BN):
-        n = k + tl.arange(0, BN)
-        bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-        ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-        gt = tl.dot(bt, tl.trans(ct), acc=gt, input_precision=PREC)
-    return gt
 
 @triton.jit
 def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, dy_ptr, dhs_ptr, dsl_ptr,
@@ -325,7 +409,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         if HAS_RST:
             wt = tl.where(t[:, None] >= st[None, :], wt, 0.)
         # the log-decay gradient of the mask (rows +, columns -) and dσ, from dL/d(G σ) ⊙ G
-        pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * wt * _gram_t(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
+        pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * wt * _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
         dwwt = pgt * sig[:, None]                                                      # (dL/dW ⊙ W)ᵀ
         da = tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1)
         dsig = tl.sum(pgt, axis=1)
@@ -335,7 +419,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
             n = k + tl.arange(0, BN)
             bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)        # (L, BN), dot dtype
             u = tl.dot(bt, tl.trans(tl.load(dhs_ptr + sto + n[None, :])), acc=u, input_precision=PREC)
-        gwt = _gram_t(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC) * (wt * sig[:, None])    # (G ⊙ W ⊙ σ)ᵀ
+        gwt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC) * (wt * sig[:, None])    # (G ⊙ W ⊙ σ)ᵀ
         dskip = 0.
         if HAS_D:
             dskip = tl.load(d_ptr + ih).to(tl.float32)
@@ -347,11 +431,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         wdot = tl.sum(x.to(tl.float32) * u, axis=1)                                    # B̃·(X dH) per row
         tl.store(dsig_ptr + row, dsig + ek * wdot, mask=mt)
         # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
-        q = tl.zeros((L, P), tl.float32)                                               # C̃ H_inᵀ, (L, P)
-        for k in range(0, N, BN):
-            n = k + tl.arange(0, BN)
-            ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-            q = tl.dot(ct, tl.trans(tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)), acc=q, input_precision=PREC)
+        q = _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)   # C̃ H_inᵀ, (L, P)
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
         r = wk * wdot
         da += tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1) - r
@@ -444,7 +524,10 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
 KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the launch order: forward, then backward
 _DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},    # A100
                    90: {k: dict(num_warps=8, num_stages=1) for k in KERNELS}}    # H100/H200
-# the chunk backward: state tiles of BN columns; on sm_80 its two halves (dX..., dB̃/dC̃) as two launches
+# fwd, bwd_chunk: state tiles of BN columns, and on sm_80 each as two launches (split): the forward as a state pass
+# and a chunk pass, the chunk backward as its dX... and dB̃/dC̃ halves
+_DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
+_DEFAULT_CONFIG[90]["fwd"].update(split=False)
 _DEFAULT_CONFIG[80]["bwd_chunk"].update(BN=16, split=True)
 _DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=64, split=False)
 
@@ -521,10 +604,19 @@ def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional
             HAS_RST=rst is not None)
     y = torch.empty_like(x)
     ht = torch.empty(b, H, P, N, **f32)
-    hs = torch.empty(b, H, NC, P, N, **f32) if store else torch.empty(0, **f32)   # H_in per chunk
-    _launch(_wrapped(_ssd_fwd_kernel), "fwd", (H, b), x, Bt, Ct, cbd, adt, sig, gam, adt if D is None else D,
-            adt if h0 is None else h0, rst_, y, ht, hs if store else ht, T, H, NC, L=chunk_size, P=P, N=N,
-            HAS_D=D is not None, HAS_H0=h0 is not None, HAS_RST=rst is not None, STORE=store, DOT_DTYPE=dot, PREC=precision)
+    cfg = _launch_config("fwd", N)
+    hs = torch.empty(b, H, NC, P, N, **f32) if store or cfg["split"] else torch.empty(0, **f32)   # H_in per chunk
+    flags = dict(L=chunk_size, P=P, N=N, HAS_RST=rst is not None, DOT_DTYPE=dot, PREC=precision)
+    D_, h0_ = adt if D is None else D, adt if h0 is None else h0
+    if cfg["split"]:                                                      # a state pass, then a chunk pass
+        _launch(_wrapped(_ssd_fwd_state_kernel), "fwd", (H, b, N // cfg["BN"]), x, Bt, adt, sig, h0_, rst_, ht, hs,
+                T, H, NC, **flags, HAS_H0=h0 is not None)
+        _launch(_wrapped(_ssd_fwd_chunk_kernel), "fwd", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam, D_, hs, rst_, y,
+                T, H, NC, **flags, HAS_D=D is not None)
+        if not store: hs = torch.empty(0, **f32)
+    else:
+        _launch(_wrapped(_ssd_fwd_kernel), "fwd", (H, b), x, Bt, Ct, cbd, adt, sig, gam, D_, h0_, rst_, y, ht,
+                hs if store else ht, T, H, NC, **flags, HAS_D=D is not None, HAS_H0=h0 is not None, STORE=store)
     return y, ht, phit, Bt, Ct, cbd, hs, phis
 
 @triton_op("mamba3_lite::ssd_bwd", mutates_args=())

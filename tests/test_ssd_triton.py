@@ -157,10 +157,6 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     assert all(r["registers"] for r in rows), rows
 
 
-# (arch, N, kernel) that still spill at their default config: strict, so a fix turns the test red until removed here
-STILL_SPILLING = {(80, 128, "fwd"), (80, 64, "fwd")}
-
-
 @pytest.fixture(scope="module")
 def default_config_table():
     """{(arch, N, kernel, resets): rows} for every kernel at its default launch config on sm_80 and sm_90: bf16, chunk
@@ -174,29 +170,33 @@ def default_config_table():
     return table
 
 
-@pytest.mark.parametrize("arch,N,kernel,resets", [
-    pytest.param(arch, N, k, rst, marks=pytest.mark.xfail(strict=True, reason="spills at its default config"))
-    if (arch, N, k) in STILL_SPILLING else (arch, N, k, rst)
-    for arch in (80, 90) for N in (128, 64) for k in KERNELS for rst in (False, True)])
+@pytest.mark.parametrize("arch,N,kernel,resets", [(arch, N, k, rst) for arch in (80, 90) for N in (128, 64)
+                                                    for k in KERNELS for rst in (False, True)])
 def test_default_config_does_not_spill(default_config_table, arch, N, kernel, resets):
     rows, cfg = default_config_table[(arch, N, kernel, resets)], default_config(kernel, arch, N)
-    halves = ["x", "bc"] if cfg.get("split") else ["all"] if kernel == "bwd_chunk" else [None]
+    halves = {"fwd": ["state", "chunk"], "bwd_chunk": ["x", "bc"]}[kernel] if cfg.get("split") else (
+        ["all"] if "split" in cfg else [None])
     assert [r["half"] for r in rows] == halves
     for r in rows:
-        assert (r["num_warps"], r["num_stages"], r["BN"]) == (cfg["num_warps"], cfg["num_stages"], cfg.get("BN"))
+        assert (r["num_warps"], r["num_stages"], r["BN"]) == (cfg["num_warps"], cfg["num_stages"], cfg.get("BN")), r
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
 
 
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("resets", [False, True])
 def test_each_arch_launch_config_matches_ssd_chunked(monkeypatch, arch, resets):
-    """The chunk backward as each arch launches it, state tiles and halves included: sm_80 in two launches over
-    16-column tiles, sm_90 in one over 64-column tiles (N = 128: several tiles either way). Every gradient against
-    `ssd_chunked`."""
+    """The kernels as each arch launches them, state tiles and split launches included. sm_80: the forward as a state
+    pass over 64-column tiles and a chunk pass, the chunk backward as two launches over 16-column tiles; sm_90: the
+    fused forward, the chunk backward in one launch over 64-column tiles (N = 128: several tiles either way). Values
+    and final states without autograd, and every gradient, against `ssd_chunked`."""
     import mamba3_lite.ssd_triton as st
     monkeypatch.setattr(st, "_launch_config", lambda kind, N=128: default_config(kind, arch, N))
     kw, state = ssd_case(37, 8, True, seed=arch + resets, P=16, N=128)
     sid = doc_index(2, 37, [[16, 30], [7, 8]]) if resets else None
+    with torch.no_grad():
+        (y, st_), (y_ref, st_ref) = (f(**kw, initial_state=state, chunk_size=16, seq_idx=sid)
+                                     for f in (ssd_triton, ssd_chunked))
+    assert nmax(y, y_ref) <= 1e-4 and nmax(st_.h, st_ref.h) <= 1e-4
     assert_grads_close(ssd_grads(ssd_triton, kw, state, chunk_size=16, seq_idx=sid),
                        ssd_grads(ssd_chunked, kw, state, chunk_size=16, seq_idx=sid), 1e-3)
 
