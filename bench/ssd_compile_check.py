@@ -2,13 +2,14 @@
 
 The Triton interpreter (CPU CI) runs the kernels' math but never compiles them, so it cannot catch what only the
 compiler rejects (layouts, dot shapes, loop-carried types) nor say anything about register pressure. This script
-lowers each kernel of `mamba3_lite.ssd_triton` (`KERNELS`: rotate, fwd, bwd_state, bwd_chunk, bwd_angle) through
-Triton's NVIDIA backend for each `--arch` (80: A100, 90: H100/H200), specialised as a launch at T=2048, H=32, S=32
-would be (ints equal to 1 as constants, 16-divisible ints and pointers with divisibility hints), runs the ptxas that
-ships with Triton with Triton's own flags, and prints registers, spill bytes and shared memory per config; `--out`
-(or $OUT) also gets the table as ssd_compile_check.json.
+lowers each kernel of `mamba3_lite.ssd_triton` (`KERNELS`: rotate, fwd, bwd_state, bwd_chunk, bwd_angle; a row per
+launch where one runs as two, as fwd and bwd_chunk do on sm_80) through Triton's NVIDIA backend for each `--arch`
+(80: A100, 90: H100/H200), specialised as a launch at T=2048, H=32, S=32 would be (ints equal to 1 as constants,
+16-divisible ints and pointers with divisibility hints), runs the ptxas that ships with Triton with Triton's own
+flags, and prints registers, spill bytes and shared memory per config; `--out` (or $OUT) also gets the table as
+ssd_compile_check.json.
 
-    python bench/ssd_compile_check.py --arch 80 90 --default-config --fail-on-spill   # what CI checks
+    python bench/ssd_compile_check.py --arch 80 90 --autotune --resets both --fail-on-spill   # what CI checks
     python bench/ssd_compile_check.py --arch 90 --chunk 32 64 --warps 4 8 16 --stages 1 2 --P 64 --N 64
 """
 import argparse
@@ -102,11 +103,15 @@ def launches(kind, arch, a):
     """(num_warps, num_stages, BN, half) of each launch of `kind` to compile: its default config on `arch`, or the
     sweep the arguments ask for. A kernel split in two launches gives a row per launch (`HALVES`)."""
     d = kern.default_config(kind, arch, a.N)
-    if a.default_config:
+    if a.autotune:
+        grid = [(c["num_warps"], c["num_stages"], c.get("BN")) for c in kern.autotune_configs(kind, arch, a.N)]
+        split = d.get("split", False)
+    elif a.default_config:
         grid, split = [(d["num_warps"], d["num_stages"], d.get("BN"))], d.get("split", False)
     else:
-        grid = [(w, s, bn) for w in a.warps for s in a.stages for bn in (a.bn if kind in HALVES else [None])]
         split = d.get("split", False) if a.split is None else a.split == "on"
+        tiled = kind == "bwd_chunk" or kind == "fwd" and split                # the kernels that take BN
+        grid = [(w, s, bn) for w in a.warps for s in a.stages for bn in (a.bn if tiled else [None])]
     halves = HALVES[kind] if kind in HALVES and split else ("all",)
     return [(w, s, bn, h) for w, s, bn in grid for h in halves]
 
@@ -131,6 +136,9 @@ def main(argv=None):
                    help="fwd, bwd_chunk: two launches (on) or one (off); default: the arch's default")
     p.add_argument("--default-config", action="store_true",
                    help="compile each kernel at its default launch config for the arch (ignores --warps/--stages)")
+    p.add_argument("--autotune", action="store_true",
+                   help="compile every config `triton.autotune` may pick for the arch (`autotune_configs`; the default "
+                        "first; ignores --warps/--stages/--bn)")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")
     p.add_argument("--out", default=None, help="directory for ssd_compile_check.json (default: $OUT if set)")
     a = p.parse_args(argv)

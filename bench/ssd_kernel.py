@@ -333,6 +333,7 @@ def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok, rows, on_row):
     cands = {   # priority order: what a budget cut leaves out comes last
         "ours": (ours, kw),
         "ours (shared B/C + bias)": (ours, shared_inputs(kw)),
+        "ours (default configs, not autotuned)": (ours, kw, {"MAMBA3_LITE_SSD_AUTOTUNE": "0"}),
         "ssd_chunked eager": (lambda **k: ssd_chunked(**k, chunk_size=L)[0], kw),
         "official mamba3_siso_combined": ((lambda **k: OFFICIAL(**k, chunk_size=L)),
                                           official_args(b, T, H, P, N, S, device, dtype)) if official_ok else None,

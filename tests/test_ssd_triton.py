@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mamba3_lite.ssd import SSDState, angle_err, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state
-from mamba3_lite.ssd_triton import KERNELS, check_block_dims, default_config, ssd_triton
+from mamba3_lite.ssd_triton import KERNELS, autotune_configs, check_block_dims, default_config, ssd_triton
 from mamba3_lite.testing import assert_grads_close, ssd_case, ssd_grads, ssd_run_with_grads
 
 
@@ -158,13 +158,13 @@ def test_kernels_compile_for_sm90_without_a_gpu():
 
 
 @pytest.fixture(scope="module")
-def default_config_table():
-    """{(arch, N, kernel, resets): rows} for every kernel at its default launch config on sm_80 and sm_90: bf16, chunk
-    64, P = 64, N = 128 (the 434M model) and N = 64, shared B/C with per-head biases, without and with document
-    restarts (seq_idx: the HAS_RST variants). A kernel launched in two halves has a row per half."""
+def autotune_table():
+    """{(arch, N, kernel, resets): rows} for every config `triton.autotune` may pick on sm_80 and sm_90, the default
+    first: bf16, chunk 64, P = 64, N = 128 (the 434M model) and N = 64, shared B/C with per-head biases, without and
+    with document restarts (seq_idx: the HAS_RST variants). A kernel launched as two has a row per launch."""
     table = {}
     for N in (128, 64):
-        for r in compile_table("--arch", "80", "90", "--default-config", "--bias", "on", "--resets", "both",
+        for r in compile_table("--arch", "80", "90", "--autotune", "--bias", "on", "--resets", "both",
                                "--P", "64", "--N", str(N)):
             table.setdefault((r["arch"], r["N"], r["kernel"], r["resets"]), []).append(r)
     return table
@@ -172,13 +172,15 @@ def default_config_table():
 
 @pytest.mark.parametrize("arch,N,kernel,resets", [(arch, N, k, rst) for arch in (80, 90) for N in (128, 64)
                                                     for k in KERNELS for rst in (False, True)])
-def test_default_config_does_not_spill(default_config_table, arch, N, kernel, resets):
-    rows, cfg = default_config_table[(arch, N, kernel, resets)], default_config(kernel, arch, N)
-    halves = {"fwd": ["state", "chunk"], "bwd_chunk": ["x", "bc"]}[kernel] if cfg.get("split") else (
-        ["all"] if "split" in cfg else [None])
-    assert [r["half"] for r in rows] == halves
+def test_default_and_autotune_configs_do_not_spill(autotune_table, arch, N, kernel, resets):
+    rows, default, configs = autotune_table[(arch, N, kernel, resets)], default_config(kernel, arch, N), \
+        autotune_configs(kernel, arch, N)
+    assert configs[0] == {k: v for k, v in default.items() if k != "split"}
+    halves = {"fwd": ["state", "chunk"], "bwd_chunk": ["x", "bc"]}[kernel] if default.get("split") else (
+        ["all"] if "split" in default else [None])
+    assert [(r["num_warps"], r["num_stages"], r["BN"], r["half"]) for r in rows] == [
+        (c["num_warps"], c["num_stages"], c.get("BN"), h) for c in configs for h in halves]
     for r in rows:
-        assert (r["num_warps"], r["num_stages"], r["BN"]) == (cfg["num_warps"], cfg["num_stages"], cfg.get("BN")), r
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
 
 
@@ -227,9 +229,14 @@ def kernels(fn, *args):
         torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=partition))(*args)
     except Exception:
         if len(graphs) != 1: raise
-    names = [kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ for n in graphs[0].graph.nodes
+    found = [kernel_side_table.get_kernel(n.kwargs["kernel_idx"]) for n in graphs[0].graph.nodes
              if n.op == "call_function" and "triton_kernel_wrapper" in str(n.target)]
+    for k in found:   # the autotuned kernel and its configs
+        tuned[k.fn.__name__] = [[c.num_warps, c.num_stages, c.kwargs.get("BN")] for c in k.configs]
+    names = [k.fn.__name__ for k in found]
     return {k: names.count(k) for k in sorted(set(names))}
+
+tuned = {}
 
 torch.manual_seed(0)
 block = Mamba3Block(128, d_state=32, headdim=32, chunk_size=32, ssd_dispatch="triton")
@@ -238,20 +245,24 @@ lm = Mamba3Transformer(ModelConfig(vocab_size=256, d_model=128, n_layers=2, d_ff
                                    chunk_size=32, ssd_dispatch="triton"))
 ids = torch.randint(0, 256, (2, 64))
 out["lm"] = kernels(lambda i: lm(i, targets=i).loss, ids)
+out["tuned"] = tuned
 print(json.dumps(out))
 """
 
 
 def test_block_and_lm_compile_fullgraph_with_the_triton_ssd():
     """torch.compile(fullgraph=True) of a block and of a 2-layer LM with ssd_dispatch="triton" traces forward and
-    backward in one graph (a graph break would raise): every SSD kernel appears once per layer in the joint graph.
-    Tracing needs no GPU; it runs without TRITON_INTERPRET (the interpreter's kernels cannot be traced)."""
+    backward in one graph (a graph break would raise): every SSD kernel appears once per layer in the joint graph,
+    under `triton.autotune` with its `autotune_configs` (sm_90's without a GPU, d_state 32). Tracing needs no GPU; it
+    runs without TRITON_INTERPRET (the interpreter's kernels cannot be traced)."""
     res = subprocess.run([sys.executable, "-c", TRACE], cwd=ROOT, env=without_interpreter(), capture_output=True,
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     found = json.loads(res.stdout.strip().splitlines()[-1])
     assert found["block"] == {f"_ssd_{k}_kernel": 1 for k in KERNELS}, found
     assert found["lm"] == {f"_ssd_{k}_kernel": 2 for k in KERNELS}, found
+    assert found["tuned"] == {f"_ssd_{k}_kernel": [[c["num_warps"], c["num_stages"], c.get("BN")]
+                                                   for c in autotune_configs(k, 90, 32)] for k in KERNELS}, found
 
 
 def long_turning_case(T, seed=5):
