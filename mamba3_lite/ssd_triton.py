@@ -535,7 +535,8 @@ _DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=64, split=False)
 
 def default_config(kind, arch=90, N=128):
     """Launch config of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later), d_state N:
-    num_warps, num_stages and, for bwd_chunk, its state tile BN and whether it runs as two launches (split)."""
+    num_warps, num_stages and, for fwd and bwd_chunk, whether the kernel runs as two launches (split) and the tile of
+    state columns BN of those that tile the state."""
     cfg = dict(_DEFAULT_CONFIG[90 if arch >= 90 else 80][kind])
     if kind == "rotate" and N <= 64: cfg["num_warps"] = 4   # 8 warps: ptxas settles on 128 registers and spills
     if "BN" in cfg: cfg["BN"] = min(cfg["BN"], N)
