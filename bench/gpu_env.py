@@ -85,6 +85,7 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     save = lambda: atomic_write(out / "env.json", lambda tmp: tmp.write_text(json.dumps(rec, indent=1)), sync_dir=False)
+    step = "the device query"
     try:   # env.json after each step, so a step that hangs (a peer's import, the first CUDA call) keeps the earlier ones
         if a.cpu:
             rec["device"] = "CPU"
@@ -93,18 +94,20 @@ def main(argv=None):
             rec.update(device=props.name, sms=props.multi_processor_count, memory_gib=props.total_memory / 2**30,
                        capability=f"{props.major}.{props.minor}")
         save()
+        step = "the peers' imports"
         show(rec)
         rec["peers"] = peer_status()
         save()
         show(rec, "peers")
         if not a.cpu:
+            step = "the ceilings"
             t0 = time.perf_counter()
             rec.update(ceilings())
             rec["ceilings_s"] = time.perf_counter() - t0
             save()
             show(rec, "copy_tbps", "bf16_matmul_tflops", "copy_bytes", "matmul_n", "ceilings_s")
     except KeyboardInterrupt:   # SIGINT (the suite's cap): what was measured stays, with where it stopped
-        rec["interrupted"] = "interrupted (SIGINT) during " + ("the peers' imports" if "peers" not in rec else "the ceilings")
+        rec["interrupted"] = f"interrupted (SIGINT) during {step}"
         save()
         print(f"gpu_env.py: {rec['interrupted']}; kept what was reached in {out / 'env.json'}", flush=True)
         return 130

@@ -27,8 +27,8 @@ Peers come from bench/peers/ (bench/fetch_peers.sh): fla-core, einops and a pure
 `__init__` bypassed (`load_official`). Their `triton.autotune` lists (27 to 81 configs per kernel for the
 official kernel, up to 48 for fla) are cut to `--peer-configs` configs per kernel (the ones nearest to 4 warps,
 2 stages, no register cap, in the library's own order) so that their compile time fits one device command;
-`--peer-configs 0` keeps every config. The JSON and markdown are rewritten after the gate and after each shape,
-so a run stopped by SIGINT (`timeout -s INT`) keeps what finished. Exit status: 0, 1 (fp32 miss), 3 (bf16 miss only).
+`--peer-configs 0` keeps every config. The JSON and markdown are rewritten after each precision of the gate and
+after each timed row, and on SIGINT (`timeout -s INT`, marked `interrupted`), so a cut run keeps what finished. Exit status: 0, 1 (fp32 miss), 3 (bf16 miss only).
 """
 import argparse
 import datetime
@@ -544,7 +544,7 @@ def main(argv=None):
     gate_rows, results, verdict = [], [], 0
 
     def write():
-        "Rewrite the JSON and markdown with what has finished (called after the gate and after each shape)."
+        "Rewrite the JSON and markdown with what has finished (after each gate precision and each timed row)."
         meta["wall_s"] = time.perf_counter() - t0
         stem.with_suffix(".json").write_text(json.dumps(dict(
             meta=meta, ok=verdict == 0 and (bool(gate_rows) or a.part == "time"), verdict=VERDICTS[verdict], gate=[dict(check=n, value=v, bound=b, ok=ok) for n, v, b, ok in gate_rows],
