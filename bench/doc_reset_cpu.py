@@ -179,4 +179,6 @@ def main():
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     main()

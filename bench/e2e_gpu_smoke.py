@@ -597,4 +597,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

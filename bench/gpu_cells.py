@@ -157,4 +157,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

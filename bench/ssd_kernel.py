@@ -579,4 +579,6 @@ FLA = OFFICIAL = COMPILED = None
 DEADLINE = float("inf")
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

@@ -183,4 +183,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

@@ -264,6 +264,40 @@ def test_readme_section_table_lists_every_section():
     assert listed == order
 
 
+SECOND_SIGINT = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+if sys.argv[2] == "install":
+    import sigint_once
+    sigint_once.install()
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    os.kill(os.getpid(), signal.SIGINT)      # the second one, as `timeout` sends to the process group
+    time.sleep(0.2)
+    print("wrote the JSON")
+"""
+
+
+@pytest.mark.parametrize("mode, survives", [("install", True), ("default", False)])
+def test_sigint_once_survives_the_second_signal(mode, survives):
+    "With sigint_once.install() the handler that writes the JSON outlives a second SIGINT; without it, it does not."
+    r = subprocess.run([sys.executable, "-c", SECOND_SIGINT, str(ROOT / "bench"), mode], capture_output=True, text=True,
+                       timeout=60)
+    assert ("wrote the JSON" in r.stdout) is survives, r.stdout + r.stderr
+
+
+def test_every_section_script_takes_sigint_once():
+    "Every bench/ script a suite section runs installs sigint_once when run as a program."
+    sh = SUITE.read_text()
+    scripts = sorted(set(re.findall(r'"\$PYTHON" (bench/\w+\.py)', sh[sh.index("# ---------------------------------------------------------------- sections"):])))
+    assert len(scripts) == 7, scripts
+    for script in scripts:
+        main_block = (ROOT / script).read_text().split('if __name__ == "__main__":')[-1]
+        assert "sigint_once.install()" in main_block, script
+
+
 def test_report_renders_status_and_unreadable_json(tmp_path):
     rep = load_bench("suite_report")
     work = tmp_path / "work"
