@@ -15,10 +15,12 @@ script prints, side by side:
 
 `--data` is a prepared corpus; if it does not exist, the stdlib sources are prepared there first (as
 `mamba3-lite quickstart` does). `--throughput-only` skips the training runs and times forward+backward with and
-without `seq_idx` on random tokens with an EOS every 256 tokens on average (no corpus needed); `--cpu` is
+without `seq_idx` on random tokens with an EOS every 256 tokens on average (no corpus needed), and `--json PATH`
+writes that row (first with `status` "timing", then the numbers; "interrupted" on SIGINT); `--cpu` is
 `--device cpu`, for the GPU suite's interpreter harness check.
 """
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from mamba3_lite.distributed import setup_distributed
 from mamba3_lite.model import Mamba3Transformer
 from mamba3_lite.ssd import seq_idx_from_eos
 from mamba3_lite.evaluate import lm_loss, make_streams
+from mamba3_lite.files import atomic_write
 from mamba3_lite.train import build_optimizer, keep_freed_memory_in_heap, seed_everything, train_step
 
 HEAD = 64  # "the first 64 tokens of each document"
@@ -108,8 +111,21 @@ def throughput_only(a):
     w[torch.rand(b, L + 1, generator=g) < 1 / 256] = model.config.vocab_size - 1          # the EOS id
     x, y = w[:, :-1], w[:, 1:]
     sid = seq_idx_from_eos(x, model.config.vocab_size - 1)
-    off, on = fwd_bwd_rate(model, x, y, sid, env.device, reps=2 if a.smoke else 10)
-    print(f"tiny model, batch {b} x {L}, {int(sid[:, -1].sum() + b)} document pieces, {a.device}: fwd+bwd tokens/s "
+    rec = dict(bench="doc_reset", device=a.device, batch=b, seq_len=L, doc_pieces=int(sid[:, -1].sum() + b),
+               reps=2 if a.smoke else 10, status="timing")
+    save = (lambda: atomic_write(Path(a.json), lambda t: t.write_text(json.dumps(rec, indent=1)), sync_dir=False)) \
+        if a.json else (lambda: None)
+    save()
+    try:
+        print(f"timing fwd+bwd with and without seq_idx, {rec['reps']} interleaved reps", flush=True)
+        off, on = fwd_bwd_rate(model, x, y, sid, env.device, reps=rec["reps"])
+    except KeyboardInterrupt:   # SIGINT (the GPU suite's cap): the JSON says the timing did not finish
+        rec["status"] = "interrupted (SIGINT) during timing"
+        save()
+        raise
+    rec.update(status="ok", tokens_per_s_without_seq_idx=off, tokens_per_s_with_seq_idx=on, time_ratio_with=off / on)
+    save()
+    print(f"tiny model, batch {b} x {L}, {rec['doc_pieces']} document pieces, {a.device}: fwd+bwd tokens/s "
           f"{off:,.0f} without seq_idx, {on:,.0f} with; time x{off / on:.3f} with seq_idx")
 
 
@@ -123,6 +139,7 @@ def main():
     ap.add_argument("--throughput-only", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="fewer repetitions")
     ap.add_argument("--cpu", action="store_true", help="same as --device cpu")
+    ap.add_argument("--json", default=None, help="--throughput-only: also write the numbers to this JSON file")
     a = ap.parse_args()
     if a.cpu: a.device = "cpu"
     torch.set_num_threads(a.threads)
@@ -162,4 +179,6 @@ def main():
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     main()

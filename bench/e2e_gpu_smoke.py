@@ -20,7 +20,9 @@
     python bench/e2e_gpu_smoke.py --checks 1,3      # a subset (checks 5 and 6 build what they need themselves)
 
 --cpu runs check 5 with ssd_dispatch="pytorch": the interpreter needs ~10 s per tiny forward+backward (check 3
-covers the Triton dispatch there). The exit status is 1 if any check fails, 2 on a usage error.
+covers the Triton dispatch there). The exit status is 1 if any check fails, 2 on a usage error. The JSON is rewritten
+after every check, so a run stopped by SIGINT (`timeout -s INT`, as bench/gpu_suite.sh does at a section's cap) or
+killed keeps the checks it finished; on SIGINT the check it was in is added, failed, with `meta.interrupted`.
 """
 import argparse
 import datetime
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from mamba3_lite.files import atomic_write  # noqa: E402
 from mamba3_lite.ssd import nmax  # noqa: E402
 
 TRAIN_STEPS = 20
@@ -554,28 +557,39 @@ def main(argv=None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(a, device, workdir)
     results, t_all = [], time.perf_counter()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write() -> bool:
+        "Rewrite the JSON with the checks finished so far (after each one, and on the way out); True if all passed."
+        meta["wall_s"] = round(time.perf_counter() - t_all, 1)
+        meta["corpus"] = ctx.corpus_info
+        ok = bool(results) and all(c.ok for c in results) and len(results) == len(a.checks)
+        text = json.dumps(dict(meta=meta, ok=ok, checks=[c.to_json() for c in results]), indent=1, default=str)
+        atomic_write(a.out, lambda tmp_path: tmp_path.write_text(text), sync_dir=False)
+        return ok
+
     try:
         for num, name, fn in CHECKS:
             if num not in a.checks: continue
-            c = Check(num, name)
-            print(f"--- [{num}] {name}", flush=True)
-            t0 = time.perf_counter()
+            c, t0 = Check(num, name), time.perf_counter()
             try:
+                print(f"--- [{num}] {name}", flush=True)
                 fn(ctx, c)
                 sync(device)
             except Exception:
                 c.error = traceback.format_exc()
                 print(c.error, file=sys.stderr, flush=True)
+            except KeyboardInterrupt:   # SIGINT (the GPU suite's cap): the check it stopped is kept as failed
+                c.error = meta["interrupted"] = f"interrupted (SIGINT) during check [{num}] {name}"
+                c.seconds = time.perf_counter() - t0
+                results.append(c)
+                raise
             c.seconds = time.perf_counter() - t0
             report(c)
             results.append(c)
+            write()
     finally:
-        meta["wall_s"] = round(time.perf_counter() - t_all, 1)
-        meta["corpus"] = ctx.corpus_info
-        ok = bool(results) and all(c.ok for c in results) and len(results) == len(a.checks)
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(dict(meta=meta, ok=ok, checks=[c.to_json() for c in results]), indent=1,
-                                    default=str))
+        ok = write()
         if tmp is not None: tmp.cleanup()
     passed = sum(c.ok for c in results)
     print(f"\n{'PASS' if ok else 'FAIL'}: {passed}/{len(a.checks)} checks passed in {meta['wall_s']}s; wrote {a.out}")
@@ -583,4 +597,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

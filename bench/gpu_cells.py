@@ -3,7 +3,8 @@ the notebooks that have such cells, with nothing but fastcore (carried in bench/
 
 Each notebook runs in a subprocess of its own, from nbs/, every code cell in order in one namespace, as nbdev_test
 runs it: cells marked with a flag that is not enabled (`#| slow` unless --flags slow) and `#| eval: false` cells are
-left out; `#| gpu` cells run. Exit status 1 if any notebook fails; --out DIR writes gpu_cells.json.
+left out; `#| gpu` cells run. Exit status 1 if any notebook fails; --out DIR writes gpu_cells.json, rewritten after
+each notebook (on SIGINT with the notebook it stopped, failed, and `interrupted`).
 
     python bench/gpu_cells.py                          # every notebook with a `#| gpu` cell
     python bench/gpu_cells.py nbs/01_ssd_triton.ipynb  # just these
@@ -23,6 +24,8 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # this checkout's mamba3_lite, installed or not
+from mamba3_lite.files import atomic_write  # noqa: E402
 TEST_FLAGS = ("slow", "gpu")   # settings.ini tst_flags
 DIRECTIVE = re.compile(r"^\s*#\|\s*([\w-]+)\s*:?\s*(.*)$")
 
@@ -82,7 +85,6 @@ def run_one(nb_path: Path, flags) -> int:
     "Execute one notebook's cells in this process; print the failing cell and its traceback."
     ipython_stand_in()
     ns = {"__name__": "__main__"}
-    sys.path.insert(0, str(ROOT))
     for i, src in cells_to_run(nb_path, flags):
         try:
             exec(compile(src, f"{nb_path.name}[cell {i}]", "exec"), ns)
@@ -114,24 +116,47 @@ def main(argv=None):
             print(nb.name, [i for i, _ in cells_to_run(nb, flags)])
         return 0
     results = []
-    for nb in nbs:
-        t0 = time.perf_counter()
-        try:
-            r = subprocess.run([sys.executable, __file__, "--one", str(nb), "--flags", ",".join(sorted(flags))],
-                               cwd=nb.parent, capture_output=True, text=True, timeout=a.timeout)
-            ok, log = r.returncode == 0, r.stdout + r.stderr
-        except subprocess.TimeoutExpired as e:
-            ok, log = False, f"timed out after {a.timeout:.0f}s\n{e.stdout or ''}"
-        results.append(dict(notebook=nb.name, ok=ok, seconds=round(time.perf_counter() - t0, 1), log_tail=log[-3000:]))
-        print(f"{'ok    ' if ok else 'FAILED'} {nb.name} ({results[-1]['seconds']}s)", flush=True)
-        if not ok:
-            print(log[-3000:], flush=True)
+    rec = dict(flags=sorted(flags), notebooks=[nb.name for nb in nbs], results=results, interrupted=None)
+
+    def save():
+        "Rewrite gpu_cells.json with the notebooks finished so far (after each one, and on SIGINT)."
+        if a.out:
+            atomic_write(Path(a.out) / "gpu_cells.json", lambda tmp: tmp.write_text(json.dumps(rec, indent=1)),
+                         sync_dir=False)
+
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "gpu_cells.json").write_text(json.dumps(dict(flags=sorted(flags), results=results), indent=1))
+    save()
+    current = None
+    try:
+        for nb in nbs:
+            t0, current = time.perf_counter(), nb.name
+            try:
+                r = subprocess.run([sys.executable, __file__, "--one", str(nb), "--flags", ",".join(sorted(flags))],
+                                   cwd=nb.parent, capture_output=True, text=True, timeout=a.timeout)
+                ok, log = r.returncode == 0, r.stdout + r.stderr
+            except subprocess.TimeoutExpired as e:
+                ok, log = False, f"timed out after {a.timeout:.0f}s\n{e.stdout or ''}"
+            results.append(dict(notebook=nb.name, ok=ok, seconds=round(time.perf_counter() - t0, 1), log_tail=log[-3000:]))
+            current = None
+            save()
+            print(f"{'ok    ' if ok else 'FAILED'} {nb.name} ({results[-1]['seconds']}s)", flush=True)
+            if not ok:
+                print(log[-3000:], flush=True)
+    except KeyboardInterrupt:   # SIGINT (the suite's cap): the notebooks done stay; the one it stopped is kept, failed
+        rec["interrupted"] = f"interrupted (SIGINT) after {len(results)} of {len(nbs)} notebooks" + \
+            (f", during {current}" if current else "")
+        if current:
+            results.append(dict(notebook=current, ok=False, seconds=round(time.perf_counter() - t0, 1),
+                                log_tail=rec["interrupted"]))
+        save()
+        print(f"gpu_cells.py: {rec['interrupted']}", flush=True)
+        return 130
     print(f"{sum(r['ok'] for r in results)}/{len(results)} notebooks passed with flags {sorted(flags)}")
     return 0 if all(r["ok"] for r in results) else 1
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

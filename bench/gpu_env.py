@@ -3,7 +3,8 @@
 Prints and writes (--out DIR/env.json) python / torch / triton / numpy versions, the device, whether each peer
 imports (fla, the official mamba_ssm Triton kernels, fastcore), and on a GPU the measured ceilings: device-to-device
 copy bandwidth (bytes read + written) and a bf16 matrix product's rate on random data, medians of CUDA-event
-timings after warm-up. Datasheet peaks are leads; these are what the card gave in this run.
+timings after warm-up. Datasheet peaks are leads; these are what the card gave in this run. env.json is rewritten
+after the versions, the peers and the ceilings, and on SIGINT says which step was cut (`interrupted`).
 
     python bench/gpu_env.py --out DIR          # on the GPU machine
     python bench/gpu_env.py --cpu --out DIR    # versions and imports only
@@ -19,6 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's mamba3_lite, installed or not
+from mamba3_lite.files import atomic_write  # noqa: E402
 
 
 def median_ms(fn, reps=10, warmup=3):
@@ -61,33 +65,56 @@ def peer_status():
     return status
 
 
+def show(rec, *keys):
+    "Print `keys` of rec (all of them when none are given)."
+    for k in keys or rec:
+        print(f"{k:>20}: {rec[k]}", flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true", help="no GPU: versions and imports only")
     p.add_argument("--smoke", action="store_true", help="accepted for bench/gpu_suite.sh (same work)")
     p.add_argument("--out", default="bench/results", help="directory for env.json")
     a = p.parse_args(argv)
+    if not a.cpu and not torch.cuda.is_available():
+        p.error("no CUDA device visible (use --cpu)")
     import triton
     rec = dict(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
-               triton=triton.__version__, numpy=np.__version__, cuda=torch.version.cuda, peers=peer_status())
-    if not a.cpu:
-        if not torch.cuda.is_available():
-            p.error("no CUDA device visible (use --cpu)")
-        props = torch.cuda.get_device_properties(0)
-        rec.update(device=props.name, sms=props.multi_processor_count, memory_gib=props.total_memory / 2**30,
-                   capability=f"{props.major}.{props.minor}")
-        t0 = time.perf_counter()
-        rec.update(ceilings())
-        rec["ceilings_s"] = time.perf_counter() - t0
-    else:
-        rec["device"] = "CPU"
-    for k, v in rec.items():
-        print(f"{k:>20}: {v}")
+               triton=triton.__version__, numpy=np.__version__, cuda=torch.version.cuda)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "env.json").write_text(json.dumps(rec, indent=1))
+    save = lambda: atomic_write(out / "env.json", lambda tmp: tmp.write_text(json.dumps(rec, indent=1)), sync_dir=False)
+    step = "the device query"
+    try:   # env.json after each step, so a step that hangs (a peer's import, the first CUDA call) keeps the earlier ones
+        if a.cpu:
+            rec["device"] = "CPU"
+        else:
+            props = torch.cuda.get_device_properties(0)
+            rec.update(device=props.name, sms=props.multi_processor_count, memory_gib=props.total_memory / 2**30,
+                       capability=f"{props.major}.{props.minor}")
+        save()
+        step = "the peers' imports"
+        show(rec)
+        rec["peers"] = peer_status()
+        save()
+        show(rec, "peers")
+        if not a.cpu:
+            step = "the ceilings"
+            t0 = time.perf_counter()
+            rec.update(ceilings())
+            rec["ceilings_s"] = time.perf_counter() - t0
+            save()
+            show(rec, "copy_tbps", "bf16_matmul_tflops", "copy_bytes", "matmul_n", "ceilings_s")
+    except KeyboardInterrupt:   # SIGINT (the suite's cap): what was measured stays, with where it stopped
+        rec["interrupted"] = f"interrupted (SIGINT) during {step}"
+        save()
+        print(f"gpu_env.py: {rec['interrupted']}; kept what was reached in {out / 'env.json'}", flush=True)
+        return 130
     return 0
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

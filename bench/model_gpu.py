@@ -16,16 +16,20 @@ SXM 989 TFLOP/s, A100 312, L4 121, ...) or given with --peak-tflops. Variants, o
     python bench/model_gpu.py --preset a100-400m-mimo
     python bench/model_gpu.py --device cpu --preset tiny --batch 2 --seq-len 64 --steps 2 --warmup 1 --peak-tflops 1
 
---json PATH appends one JSON line with the configuration and the numbers.
+--json PATH appends one JSON line with the configuration and the numbers, rewritten after every warm-up and timed
+step (`status` says which phase it reached, `steps_done` how many timed steps its median covers), so a run stopped by
+SIGINT (`timeout -s INT`, as bench/gpu_suite.sh does at a section's cap) or killed keeps its line.
 """
 import argparse
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from mamba3_lite.files import atomic_write
 from mamba3_lite.logger import peak_flops_for
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 
@@ -47,6 +51,26 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def rates(times, a, fpt, peak, device):
+    "ms/step (median of the timed steps reached), tokens/s, MFU and peak GiB."
+    t = statistics.median(times)
+    tokens_per_s = a.batch * a.seq_len / t
+    mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return dict(ms_per_step=t * 1e3, tokens_per_s=tokens_per_s, flops_per_token=fpt, peak_tflops=peak,
+                mfu=fpt * tokens_per_s / (peak * 1e12), peak_mem_gib=mem)
+
+
+def jsonl_line(path):
+    """save(rec): this run's line of the JSONL file at `path`, rewritten whole (atomically) at every call; the lines
+    earlier runs appended stay. None: save does nothing."""
+    if path is None:
+        return lambda rec: None
+    path = Path(path)
+    before = path.read_text() if path.exists() else ""
+    before += "" if not before or before.endswith("\n") else "\n"
+    return lambda rec: atomic_write(path, lambda tmp: tmp.write_text(before + json.dumps(rec) + "\n"), sync_dir=False)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="a100-400m")
@@ -60,8 +84,10 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cuda")
     p.add_argument("--peak-tflops", type=float, default=None)
-    p.add_argument("--json", default=None, help="append a JSON line with the results to this file")
+    p.add_argument("--json", default=None, help="append a JSON line with the results to this file (kept up to date)")
     a = p.parse_args(argv)
+    if a.steps < 1 or a.warmup < 0:
+        p.error(f"--steps: expected >= 1 timed steps and --warmup >= 0, got {a.steps} and {a.warmup}")
 
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -85,47 +111,56 @@ def main(argv=None):
         return loss
 
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    base = dict(bench="model_gpu", preset=a.preset, params=model.num_parameters(), batch=a.batch, seq_len=a.seq_len,
-                dtype=a.dtype, grad_checkpoint=a.grad_checkpoint, ssd_dispatch=a.ssd_dispatch,
-                chunk_size=cfg.chunk_size, device=dev_name)
+    rec = dict(bench="model_gpu", preset=a.preset, params=model.num_parameters(), batch=a.batch, seq_len=a.seq_len,
+               dtype=a.dtype, grad_checkpoint=a.grad_checkpoint, ssd_dispatch=a.ssd_dispatch,
+               chunk_size=cfg.chunk_size, device=dev_name, steps=a.steps, warmup_done=0, steps_done=0, status="warm-up")
+    fpt = cfg.flops_per_token(a.seq_len)
+    save = jsonl_line(a.json)
+    save(rec)
+    times = []
     try:
-        for _ in range(a.warmup):
+        for i in range(a.warmup):
             loss = train_step()
-        sync(device)
+            sync(device)
+            rec.update(warmup_done=i + 1)
+            save(rec)
+            print(f"warm-up {i + 1}/{a.warmup} loss {loss.item():.3f}", flush=True)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        times = []
-        for _ in range(a.steps):
+        rec["status"] = "timed steps"
+        for i in range(a.steps):
             t0 = time.perf_counter()
             loss = train_step()
             sync(device)
             times.append(time.perf_counter() - t0)
+            rec.update(steps_done=i + 1, loss=loss.item(), **rates(times, a, fpt, peak, device))
+            save(rec)
+            print(f"step {i + 1}/{a.steps} {times[-1] * 1e3:.1f} ms", flush=True)
+    except KeyboardInterrupt:   # SIGINT (the suite's cap): the line keeps the steps reached and says where it stopped
+        rec["status"] = f"interrupted (SIGINT) during {rec['status']}"
+        save(rec)
+        print(f"model_gpu.py: {rec['status']} after {rec['warmup_done']} warm-up and {len(times)} timed steps", flush=True)
+        return 130
     except torch.OutOfMemoryError as e:   # a result for this configuration (one line), not a crash
         first = str(e).splitlines()[0][:200]
         print(f"model_gpu.py: out of memory at batch {a.batch} x {a.seq_len}, grad_checkpoint={a.grad_checkpoint}: {first}")
-        if a.json:
-            with open(a.json, "a") as f:
-                f.write(json.dumps(dict(base, error=f"out of memory: {first}")) + "\n")
+        rec.update(status="out of memory", error=f"out of memory: {first}")
+        save(rec)
         return 1
-    t = statistics.median(times)
-    tokens_per_s = a.batch * a.seq_len / t
-    fpt = cfg.flops_per_token(a.seq_len)
-    mfu = fpt * tokens_per_s / (peak * 1e12)
-    mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    rec["status"] = "ok"
+    save(rec)
+    mem = rec.get("peak_mem_gib")
     print(f"{a.preset}: {model.num_parameters():,} params, {fpt / 1e9:.3f} GFLOP/token (train), device {dev_name}, "
           f"peak {peak:g} TFLOP/s")
     print(f"{'batch x seq':>12} {'dtype':>6} {'ckpt':>5} {'ssd':>8} {'ms/step':>9} {'tokens/s':>11} {'MFU':>7} "
           f"{'peak GiB':>9} {'loss':>7}")
     print(f"{f'{a.batch}x{a.seq_len}':>12} {a.dtype:>6} {str(a.grad_checkpoint):>5} {a.ssd_dispatch:>8} "
-          f"{t * 1e3:>9.1f} {tokens_per_s:>11,.0f} {mfu:>7.1%} {'-' if mem is None else f'{mem:.1f}':>9} "
-          f"{loss.item():>7.3f}")
-    if a.json:
-        rec = dict(base, ms_per_step=t * 1e3, tokens_per_s=tokens_per_s, flops_per_token=fpt, peak_tflops=peak, mfu=mfu,
-                   peak_mem_gib=mem, steps=a.steps)
-        with open(a.json, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+          f"{rec.get('ms_per_step', float('nan')):>9.1f} {rec.get('tokens_per_s', float('nan')):>11,.0f} "
+          f"{rec.get('mfu', float('nan')):>7.1%} {'-' if mem is None else f'{mem:.1f}':>9} {loss.item():>7.3f}")
     return 0
 
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

@@ -1,12 +1,14 @@
 """GPU benchmark of the fused Triton SSD (`mamba3_lite.ssd_triton.ssd_triton`) against its peers.
 
-1. Correctness gate (nothing is timed if it fails) at the 434M layer shape (H 32, P 64, N 128, S 32, chunk 64) with
-   T 2048, batch 2: fp32 kernel vs `ssd_chunked` (y, final state, every gradient), bf16 kernel vs an fp32
-   `ssd_chunked` fed the same bf16-rounded inputs; bounds in TOL. Then fla / the official kernel against ours on
-   the cases they can express (information: their conventions may differ).
+1. Correctness gate at the 434M layer shape (H 32, P 64, N 128, S 32, chunk 64) with T 2048, batch 2: fp32 kernel
+   vs `ssd_chunked` (y, final state, every gradient), bf16 kernel vs an fp32 `ssd_chunked` fed the same
+   bf16-rounded inputs; bounds in TOL. An fp32 miss or an exception stops everything (exit 1); a bf16 miss is
+   reported and the timings still run (exit 3, see `gate_verdict`).
 2. Forward and forward+backward timings: median over >= 100 reps after warm-up, L2 flushed before each rep, CUDA
    events around the call only; peak memory above the inputs; achieved TFLOP/s on the nominal SSD FLOP count; %
-   of the roofline lower bound; every peer's time divided by ours (> 1: we are faster).
+   of the roofline lower bound; every peer's time divided by ours (> 1: we are faster). Ours (and the eager
+   `ssd_chunked`) at every shape first; then fla / the official kernel against ours on the cases they can express
+   (information: their conventions may differ); then the peers' timings (`time_all`).
 
 Ours runs with per-head B/C (the `ssd_chunked` contract) and with shared B/C plus per-head biases (the extension
 the block can use). Peers: `ssd_chunked` eager and under `torch.compile`; fla's `chunk_simple_gla` on the
@@ -25,8 +27,8 @@ Peers come from bench/peers/ (bench/fetch_peers.sh): fla-core, einops and a pure
 `__init__` bypassed (`load_official`). Their `triton.autotune` lists (27 to 81 configs per kernel for the
 official kernel, up to 48 for fla) are cut to `--peer-configs` configs per kernel (the ones nearest to 4 warps,
 2 stages, no register cap, in the library's own order) so that their compile time fits one device command;
-`--peer-configs 0` keeps every config. The JSON and markdown are rewritten after the gate and after each shape,
-so a run stopped by SIGINT (`timeout -s INT`) keeps what finished.
+`--peer-configs 0` keeps every config. The JSON and markdown are rewritten after each precision of the gate and
+after each timed row, and on SIGINT (`timeout -s INT`, marked `interrupted`), so a cut run keeps what finished. Exit status: 0, 1 (fp32 miss), 3 (bf16 miss only).
 """
 import argparse
 import datetime
@@ -307,6 +309,38 @@ def peer_gate(device, interp, has_fla, has_official):
     return [(name, val, bound, bool(val <= bound)) for name, val, bound in rows]
 
 
+VERDICTS = {0: "every check within its tolerance", 1: "fp32 outside its tolerance: nothing timed",
+            3: "bf16 outside its tolerance (fp32 within): reported, the timings still run"}
+
+
+def gate_verdict(rows):
+    """The gate's exit status from its (check, value, bound, ok) rows: 1 if an fp32 check misses its bound (the
+    kernel is wrong: nothing is timed), 3 if only bf16 checks miss theirs (reported; bf16 tolerances are a statement
+    about rounding, so the timings still run), else 0."""
+    missed = [name for name, _, _, ok in rows if not ok]
+    return 1 if any(not n.startswith("bf16") for n in missed) else 3 if missed else 0
+
+
+def time_all(timer, shapes, a, device, dtype, results, gate_rows, write):
+    """Our kernel's timings (and the eager `ssd_chunked`'s) at every shape first, then the peers' agreement with ours,
+    then the peers' timings, so a budget cut or SIGINT costs peers' numbers before ours. Appends one entry per shape
+    to `results` and the peers' checks to `gate_rows`; write() after every row."""
+    for sh in shapes:
+        print(f"shape {sh['name']}: {sh}", flush=True)
+        b, T, H, P, N, S, L = (sh[k] for k in ("b", "T", "H", "P", "N", "S", "L"))
+        (f_fwd, f_bwd), (r_fwd, r_all) = ssd_flops(b, T, H, P, N, L), roofline_us(b, T, H, P, N, S, a.peak_tflops, a.peak_tbps)
+        results.append(dict(shape=sh, rows=[], roofline_fwd_us=r_fwd, roofline_fwdbwd_us=r_all,
+                            fwd_gflop=f_fwd / 1e9, bwd_gflop=f_bwd / 1e9))
+        bench_shape(timer, sh, a, device, dtype, "ours", results[-1]["rows"], write)
+    if not (callable(FLA) or callable(OFFICIAL) or any(sh.get("compile") for sh in shapes)):
+        return
+    gate_rows += peer_gate(device, a.cpu, callable(FLA), callable(OFFICIAL))
+    write()
+    for sh, res in zip(shapes, results):
+        print(f"shape {sh['name']}: peers", flush=True)
+        bench_shape(timer, sh, a, device, dtype, "peers", res["rows"], write)
+
+
 # ---------------------------------------------------------------- one shape
 def add_ratios(rows):
     "peer / ours time for every timed row: fla vs ours on the Mamba-2 case, the official vs ours with shared B/C."
@@ -320,35 +354,36 @@ def add_ratios(rows):
             r["fwdbwd_ratio_vs_ours"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
 
 
-def bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok, rows, on_row):
-    """Time every candidate at shape `sh`, appending to `rows` and calling on_row() after each (the caller rewrites
-    its files). Past DEADLINE only ours and the eager `ssd_chunked` (nothing to compile) still start."""
+def bench_shape(timer, sh, a, device, dtype, group, rows, on_row):
+    """Time the candidates of `group` at shape `sh`, appending to `rows` and calling on_row() after each (the caller
+    rewrites its files). group "ours": our kernel's variants and the eager `ssd_chunked` (nothing to compile; they
+    always start); "peers": the official kernel, fla, `ssd_chunked` under torch.compile (not started past DEADLINE)."""
     b, T, H, P, N, S, L = (sh[k] for k in ("b", "T", "H", "P", "N", "S", "L"))
+    fla_ok, official_ok = callable(FLA), callable(OFFICIAL)
     f_fwd, f_bwd = ssd_flops(b, T, H, P, N, L)
     r_fwd, r_all = roofline_us(b, T, H, P, N, S, a.peak_tflops, a.peak_tbps)
     by_fwd, by_all = min_bytes(b, T, H, P, N, S)
     kw = make_inputs(b, T, H, P, N, S, device, dtype)
     m2 = make_inputs(b, T, H, P, N, S, device, dtype, mamba2=True)
     ours = lambda **k: ssd_triton(**k, chunk_size=L)[0]
-    cands = {   # priority order: what a budget cut leaves out comes last
-        "ours": (ours, kw),
-        "ours (shared B/C + bias)": (ours, shared_inputs(kw)),
-        "ours (default configs, not autotuned)": (ours, kw, {"MAMBA3_LITE_SSD_AUTOTUNE": "0"}),
-        "ssd_chunked eager": (lambda **k: ssd_chunked(**k, chunk_size=L)[0], kw),
-        "official mamba3_siso_combined": ((lambda **k: OFFICIAL(**k, chunk_size=L)),
-                                          official_args(b, T, H, P, N, S, device, dtype)) if official_ok else None,
-        "ours (Mamba-2 case)": (ours, m2) if fla_ok else None,
-        "fla chunk_simple_gla (Mamba-2 case)": (lambda **k: FLA(**k)[0], fla_args(m2)) if fla_ok else None,
-        "ssd_chunked compiled": (lambda **k: COMPILED(**k, chunk_size=L)[0], kw) if sh.get("compile") else None,
-    }
-    for w in sh.get("sweep_warps", ()):   # launch-config sweep of our kernels (both fwd and bwd get `w` warps)
-        cands[f"ours (num_warps={w})"] = (ours, kw, {"TRITON_PER_CHUNK_NUM_WARPS": str(w)})
+    if group == "ours":   # priority order: what a budget cut leaves out comes last
+        cands = {"ours": (ours, kw), "ours (shared B/C + bias)": (ours, shared_inputs(kw)),
+                 "ours (default configs, not autotuned)": (ours, kw, {"MAMBA3_LITE_SSD_AUTOTUNE": "0"}),
+                 "ours (Mamba-2 case)": (ours, m2) if fla_ok else None}
+        for w in sh.get("sweep_warps", ()):   # launch-config sweep of our kernels (both fwd and bwd get `w` warps)
+            cands[f"ours (num_warps={w})"] = (ours, kw, {"TRITON_PER_CHUNK_NUM_WARPS": str(w)})
+        cands["ssd_chunked eager"] = (lambda **k: ssd_chunked(**k, chunk_size=L)[0], kw)
+    else:
+        cands = {"official mamba3_siso_combined": ((lambda **k: OFFICIAL(**k, chunk_size=L)),
+                                                   official_args(b, T, H, P, N, S, device, dtype)) if official_ok else None,
+                 "fla chunk_simple_gla (Mamba-2 case)": (lambda **k: FLA(**k)[0], fla_args(m2)) if fla_ok else None,
+                 "ssd_chunked compiled": (lambda **k: COMPILED(**k, chunk_size=L)[0], kw) if sh.get("compile") else None}
     for name, c in cands.items():
         if c is None:
             continue
         fn, inputs, env = c if len(c) == 3 else (*c, {})
         row = dict(shape=sh["name"], candidate=name, b=b, T=T, H=H, P=P, N=N, S=S, L=L)
-        if not name.startswith(("ours", "ssd_chunked eager")) and time.perf_counter() > DEADLINE:
+        if group == "peers" and time.perf_counter() > DEADLINE:
             row.update(error=f"not started: past --deadline-s {a.deadline_s:.0f} (time budget)")
             rows.append(row); on_row(); print(f"  {name:38s} {row['error']}"); continue
         saved_env = {k: os.environ.get(k) for k in env}
@@ -431,7 +466,7 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true", help="the main shape only, 20 reps, no torch.compile")
     p.add_argument("--cpu", action="store_true", help="Triton interpreter on CPU at tiny shapes (harness check)")
     p.add_argument("--part", default="all", choices=["gate", "time", "all"],
-                   help="gate: correctness only; time: peer agreement + timings (run the gate first); all: both")
+                   help="gate: correctness only; time: timings + peer agreement (run the gate first); all: both")
     p.add_argument("--shapes", default=None, help=f"comma-separated, of {','.join(SHAPES)} (default: all; smoke: main)")
     p.add_argument("--sweep-warps", default="4,16", help="extra num_warps timed for ours at the main shape ('' for none)")
     p.add_argument("--out", default=os.environ.get("OUT") or "bench/results", help="directory for JSON + markdown")
@@ -478,7 +513,6 @@ def main(argv=None):
             peers.append(f"{note} (imported; not run under --cpu)" if a.cpu else note)
             if not a.cpu:
                 FLA, OFFICIAL = (fn, OFFICIAL) if name == "fla" else (FLA, fn)
-    fla_ok, official_ok = callable(FLA), callable(OFFICIAL)
     do_compile = not (a.smoke or a.cpu or a.no_compile) and a.part != "gate"
     COMPILED = torch.compile(ssd_chunked, dynamic=False) if do_compile else None
     if not do_compile and a.part != "gate":
@@ -507,34 +541,25 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"ssd_kernel_{meta['mode']}_{a.part}"
-    gate_rows, results, own_ok = [], [], True
+    gate_rows, results, verdict = [], [], 0
 
     def write():
-        "Rewrite the JSON and markdown with what has finished (called after the gate and after each shape)."
+        "Rewrite the JSON and markdown with what has finished (after each gate precision and each timed row)."
         meta["wall_s"] = time.perf_counter() - t0
         stem.with_suffix(".json").write_text(json.dumps(dict(
-            meta=meta, ok=own_ok and (bool(gate_rows) or a.part == "time"), gate=[dict(check=n, value=v, bound=b, ok=ok) for n, v, b, ok in gate_rows],
+            meta=meta, ok=verdict == 0 and (bool(gate_rows) or a.part == "time"), verdict=VERDICTS[verdict], gate=[dict(check=n, value=v, bound=b, ok=ok) for n, v, b, ok in gate_rows],
             results=results), indent=1))
         stem.with_suffix(".md").write_text(markdown(meta, gate_rows, results))
 
     try:
         if a.part in ("gate", "all"):
             def gate_written():
-                nonlocal own_ok
-                own_ok = all(ok for *_, ok in gate_rows)
+                nonlocal verdict
+                verdict = gate_verdict(gate_rows)
                 write()
             gate(device, a.cpu, gate_rows, gate_written)
-        if a.part in ("time", "all") and own_ok:   # our kernel failing the gate stops the timings
-            gate_rows += peer_gate(device, a.cpu, fla_ok, official_ok)
-            write()
-            timer = Timer(device)
-            for sh in shapes:
-                print(f"shape {sh['name']}: {sh}", flush=True)
-                b, T, H, P, N, S, L = (sh[k] for k in ("b", "T", "H", "P", "N", "S", "L"))
-                (f_fwd, f_bwd), (r_fwd, r_all) = ssd_flops(b, T, H, P, N, L), roofline_us(b, T, H, P, N, S, a.peak_tflops, a.peak_tbps)
-                results.append(dict(shape=sh, rows=[], roofline_fwd_us=r_fwd, roofline_fwdbwd_us=r_all,
-                                    fwd_gflop=f_fwd / 1e9, bwd_gflop=f_bwd / 1e9))
-                bench_shape(timer, sh, a, device, dtype, fla_ok, official_ok, results[-1]["rows"], write)
+        if a.part in ("time", "all") and verdict != 1:   # an fp32 miss (or an exception) stops the timings
+            time_all(Timer(device), shapes, a, device, dtype, results, gate_rows, write)
     except KeyboardInterrupt:
         meta["interrupted"] = True
         write()
@@ -545,11 +570,15 @@ def main(argv=None):
     write()
     print(stem.with_suffix(".md").read_text())
     print(f"wrote {stem}.json and .md ({meta['wall_s']:.1f}s)")
-    return 0 if own_ok else 1
+    if verdict:
+        print(f"ssd_kernel.py: {VERDICTS[verdict]}" + ("; the timings ran" if verdict == 3 and a.part != "gate" else ""))
+    return verdict
 
 
 FLA = OFFICIAL = COMPILED = None
 DEADLINE = float("inf")
 
 if __name__ == "__main__":
+    import sigint_once
+    sigint_once.install()
     sys.exit(main())

@@ -39,6 +39,13 @@ def fmt(v, spec):
     return "—" if v is None else format(v, spec)
 
 
+def note(x):
+    "A model_gpu.jsonl line's note: its error, or the phase it was cut in and the timed steps its numbers cover."
+    if x.get("error") or x.get("status") in (None, "ok"):
+        return x.get("error", "")
+    return f"{x['status']} ({x.get('steps_done', 0)} of {x.get('steps')} timed steps)"
+
+
 def render_known(name, results):
     "A few lines for the sections whose scripts write JSON only."
     lines = []
@@ -59,15 +66,34 @@ def render_known(name, results):
                 lines.append(f"| {x.get('preset')} | {x.get('batch')}x{x.get('seq_len')} | {x.get('grad_checkpoint')} | "
                              f"{x.get('ssd_dispatch')} | {fmt(x.get('ms_per_step'), '.1f')} | "
                              f"{fmt(x.get('tokens_per_s'), ',.0f')} | {fmt(x.get('mfu'), '.1%')} | "
-                             f"{fmt(x.get('peak_mem_gib'), '.1f')} | {x.get('error', '')} |")
+                             f"{fmt(x.get('peak_mem_gib'), '.1f')} | {note(x)} |")
         elif fname == "train_gpu.json":
-            lines.append(f"- {r.get('preset')} ({r.get('params', 0) / 1e6:.0f}M) micro-batch {r.get('batch')} x "
-                         f"{r.get('seq_len')}, compile={r.get('compile')}, grad_checkpoint={r.get('grad_checkpoint')}, "
-                         f"ssd={r.get('ssd_dispatch')}: {fmt(r.get('tokens_per_s'), ',.0f')} tokens/s, "
-                         f"{fmt(r.get('ms_per_step'), '.1f')} ms/step, MFU {fmt(r.get('mfu'), '.1%')}, peak "
-                         f"{fmt(r.get('peak_mem_gib'), '.1f')} GiB, warm-up (compile) {fmt(r.get('warmup_s'), '.0f')} s")
+            m = r.get("meta", {})
+            lines += [f"- {m.get('preset')} ({m.get('params', 0) / 1e6:.0f}M) micro-batch {m.get('batch')} x "
+                      f"{m.get('seq_len')}, {m.get('dtype')}, grad_checkpoint={m.get('grad_checkpoint')}, "
+                      f"ssd={m.get('ssd_dispatch')}, {m.get('warmup')} warm-up + {m.get('steps')} timed steps per mode", "",
+                      "| mode | status | warm-up steps | warm-up s | timed steps | tokens/s | ms/step | MFU | peak GiB |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for x in r.get("rows", []):
+                lines.append(f"| {x.get('mode')}{'' if x.get('compile') is None else ' (' + x['compile'] + ')'} | "
+                             f"{x.get('status')} | {x.get('warmup_steps_done')} | {fmt(x.get('warmup_s'), '.1f')} | "
+                             f"{x.get('steps_done')} | {fmt(x.get('tokens_per_s'), ',.0f')} | "
+                             f"{fmt(x.get('ms_per_step'), '.1f')} | {fmt(x.get('mfu'), '.1%')} | "
+                             f"{fmt(x.get('peak_mem_gib'), '.1f')} |")
+        elif fname == "doc_reset.json":
+            lines.append(f"- tiny model, batch {r.get('batch')} x {r.get('seq_len')}, {r.get('doc_pieces')} document "
+                         f"pieces, {r.get('device')}: {r.get('status')}; fwd+bwd tokens/s "
+                         f"{fmt(r.get('tokens_per_s_without_seq_idx'), ',.0f')} without seq_idx, "
+                         f"{fmt(r.get('tokens_per_s_with_seq_idx'), ',.0f')} with; time x"
+                         f"{fmt(r.get('time_ratio_with'), '.3f')} with seq_idx (interleaved, same batch)")
+        elif fname == "gpu_cells.json":
+            lines += [f"- {x.get('notebook')}: {'ok' if x.get('ok') else 'FAILED'} ({x.get('seconds')} s)"
+                      for x in r.get("results", [])]
+            if r.get("interrupted"):
+                lines.append(f"- {r['interrupted']}")
         elif fname.startswith("e2e"):
-            lines.append(f"- {'PASS' if r.get('ok') else 'FAIL'} ({r.get('meta', {}).get('wall_s')} s)")
+            cut = r.get("meta", {}).get("interrupted")
+            lines.append(f"- {'PASS' if r.get('ok') else 'FAIL'} ({r.get('meta', {}).get('wall_s')} s){'; ' + cut if cut else ''}")
             for c in r.get("checks", []):
                 bad = [row["name"] for row in c.get("rows", []) if not row.get("ok")]
                 lines.append(f"  - [{c.get('num')}] {c.get('name')}: {'ok' if c.get('ok') else 'FAILED'} "
