@@ -80,7 +80,7 @@ def test_lr_schedule_key_values():
     assert math.isclose(Cfg.lr_factor(256_000, **ref), 0.05)
     assert math.isclose(Cfg.lr_factor(999_999, **ref), 0.05)
     wsd = dict(ref, schedule="wsd", wsd_decay_frac=0.1)
-    assert Cfg.lr_factor(200_000, **wsd) == 1.0
+    assert Cfg.lr_factor(200_000, **wsd) == 1.0  # exact: the stable phase returns 1.0
     assert math.isclose(Cfg.lr_factor(256_000 - 12_800, **wsd), 0.525)
     with pytest.raises(ValueError, match="cosine"):
         Cfg.lr_factor(3000, **ref, schedule="step")
@@ -96,7 +96,7 @@ def test_lr_schedule_key_values():
     s2.load_state_dict(json.loads(json.dumps(s.state_dict())))
     opt.step(); s.step(); opt2.step(); s2.step()
     assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"] == 3e-4 * Cfg.lr_factor(38, **dict(
-        warmup_steps=10, max_steps=100, min_lr_ratio=0.1))
+        warmup_steps=10, max_steps=100, min_lr_ratio=0.1))  # exact: the same Python float expression
 
 
 def test_accumulation_equivalence_2x8_vs_1x16():
