@@ -50,10 +50,10 @@ def set_state(m, opt, step):
 
 def assert_exact(m, opt, m2, opt2):
     for k, v in m.state_dict().items():
-        assert torch.equal(m2.state_dict()[k], v), k
+        assert torch.equal(m2.state_dict()[k], v), k  # exact: a save/load round trip copies the bytes
     for p, p2 in zip(m.parameters(), m2.parameters()):
         for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(opt.state[p][key], opt2.state[p2][key]), key
+            assert torch.equal(opt.state[p][key], opt2.state[p2][key]), key  # exact: round trip
 
 
 def quiet_latest(mgr):
@@ -248,7 +248,7 @@ def test_missing_optim_load_warns_and_continues(tmp_path):
     m2, opt2 = model_and_opt()
     with pytest.warns(CheckpointWarning, match="optimizer starts from scratch"):
         mgr.load(m2, 5, optimizer=opt2)
-    assert torch.equal(m2.mix.weight, m.mix.weight)
+    assert torch.equal(m2.mix.weight, m.mix.weight)  # exact: round trip
 
 
 def test_no_checkpoint(tmp_path):
@@ -268,7 +268,7 @@ def test_tied_round_trip_keeps_storage(tmp_path):
     set_state(m, opt, 3)
     mgr.save(m, opt, 3)
     f = safetensors.torch.load_file(tmp_path / "model_step_3.safetensors")
-    assert {"embed.weight", "lm_head.weight"} <= set(f) and torch.equal(f["embed.weight"], f["lm_head.weight"])
+    assert {"embed.weight", "lm_head.weight"} <= set(f) and torch.equal(f["embed.weight"], f["lm_head.weight"])  # exact: a copy
     m2, opt2 = model_and_opt()
     ptr = m2.embed.weight.data_ptr()
     mgr.load(m2, 3, optimizer=opt2)
@@ -276,7 +276,7 @@ def test_tied_round_trip_keeps_storage(tmp_path):
     assert_exact(m, opt, m2, opt2)
     with torch.no_grad():
         m2.embed.weight.add_(1)  # still one tensor after load
-    assert torch.equal(m2.lm_head.weight, m2.embed.weight)
+    assert torch.equal(m2.lm_head.weight, m2.embed.weight)  # exact: round trip
 
 
 def test_untied_model_reads_tied_file_and_back(tmp_path):
@@ -285,7 +285,7 @@ def test_untied_model_reads_tied_file_and_back(tmp_path):
     mgr.save(m, None, 1)
     u = TiedLM(64, 16, tie=False)
     mgr.load(u, 1)
-    assert torch.equal(u.embed.weight, m.embed.weight) and torch.equal(u.lm_head.weight, m.embed.weight)
+    assert torch.equal(u.embed.weight, m.embed.weight) and torch.equal(u.lm_head.weight, m.embed.weight)  # exact: round trip
     with torch.no_grad():
         u.lm_head.weight.add_(1)
     mgr.save(u, None, 2)
@@ -316,7 +316,7 @@ def test_strict_and_lenient(tmp_path):
     with pytest.warns(CheckpointWarning, match="unexpected key"):
         f = Fewer()
         mgr.load(f, 1, strict=False)
-    assert torch.equal(f.mix.weight, m.mix.weight)
+    assert torch.equal(f.mix.weight, m.mix.weight)  # exact: round trip
 
 
 def test_compiled_module_saves_plain_keys(tmp_path):
@@ -330,7 +330,7 @@ def test_compiled_module_saves_plain_keys(tmp_path):
     assert set(safetensors.torch.load_file(tmp_path / "model_step_2.safetensors")) == keys
     c2 = torch.compile(TiedLM(64, 16))
     mgr.load(c2, 1)
-    assert torch.equal(c2._orig_mod.mix.weight, m.mix.weight)
+    assert torch.equal(c2._orig_mod.mix.weight, m.mix.weight)  # exact: round trip
 
 
 def test_keep_last_prunes_only_after_commit(tmp_path):
@@ -390,7 +390,7 @@ def test_rng_round_trip_reproduces_draws():
     assert a != b
     restore_rng_state(snap)
     assert a == (random.random(), np.random.randn(3).tolist(), torch.randn(4).tolist(),
-                 torch.randint(0, 9, (5,)).tolist())
+                 torch.randint(0, 9, (5,)).tolist())  # exact: the same generator states replay the same draws
 
 
 def test_rng_saved_by_checkpoint_resumes_exactly(tmp_path):
@@ -403,7 +403,7 @@ def test_rng_saved_by_checkpoint_resumes_exactly(tmp_path):
     torch.rand(100)
     np.random.rand(7)
     restore_rng_state(mgr.load(TiedLM(64, 16), 1)["rng"])
-    assert (torch.rand(3).tolist(), np.random.rand(2).tolist()) == expect
+    assert (torch.rand(3).tolist(), np.random.rand(2).tolist()) == expect  # exact: the same generator states
 
 
 # ---------------------------------------------------------------- the project's LM
@@ -423,7 +423,7 @@ def test_tiny_lm_round_trip(tmp_path):
     mgr.load(lm2, 1, optimizer=opt2)
     assert lm2.lm_head.weight is lm2.embed.weight
     for k, v in lm.state_dict().items():
-        assert torch.equal(lm2.state_dict()[k], v), k
+        assert torch.equal(lm2.state_dict()[k], v), k  # exact: round trip
     ids = torch.randint(0, lm.config.vocab_size, (1, 8))
     with torch.no_grad():
-        assert torch.equal(lm2.lm_head(lm2.embed(ids)), lm.lm_head(lm.embed(ids)))
+        assert torch.equal(lm2.lm_head(lm2.embed(ids)), lm.lm_head(lm.embed(ids)))  # exact: equal weights, the same ops

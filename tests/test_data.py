@@ -48,7 +48,7 @@ def test_reference_numbers_all_readers(tmp_path):
         ds = PretrainDataset(p, 32, 128)
         assert len(ds) == 127
         x, y = ds[126]
-        assert torch.equal(x, tokens[4032:4064]) and torch.equal(y, tokens[4033:4065])
+        assert torch.equal(x, tokens[4032:4064]) and torch.equal(y, tokens[4033:4065])  # exact: token ids
         assert x.shape == (32,) and x.dtype == torch.long and not x.is_cuda
         with pytest.raises(IndexError):
             ds[127]
@@ -72,10 +72,10 @@ def test_windows_equal_flat_slices_spanning_small_shards(tmp_path, seed):
     for i in range(n):
         xs = [ds[i] for ds in sets]
         for x, y in xs:  # the readers agree with each other, with the flat stream and with the plain list stitch (window_naive)
-            assert torch.equal(x, tokens[i * L:i * L + L]) and torch.equal(y, tokens[i * L + 1:i * L + L + 1])
-            assert torch.equal(y[:-1], x[1:])
+            assert torch.equal(x, tokens[i * L:i * L + L]) and torch.equal(y, tokens[i * L + 1:i * L + L + 1])  # exact: token ids
+            assert torch.equal(y[:-1], x[1:])  # exact: token ids
         xn, yn = window_naive(shards, cuts[:-1], [len(s) for s in shards], i, L)
-        assert torch.equal(xs[3][0], xn) and torch.equal(xs[3][1], yn)
+        assert torch.equal(xs[3][0], xn) and torch.equal(xs[3][1], yn)  # exact: token ids
 
 
 def test_window_starting_exactly_on_a_boundary(tmp_path):
@@ -83,7 +83,7 @@ def test_window_starting_exactly_on_a_boundary(tmp_path):
     ds = PretrainDataset(_layouts(tmp_path, tokens, [0, 40, 80, 81, 200])[3], 40, 128)
     for i in (1, 2):  # windows 1 and 2 start at offsets 40 and 80 = first tokens of shards 1 and 2
         x, y = ds[i]
-        assert torch.equal(x, tokens[40 * i:40 * i + 40]) and torch.equal(y, tokens[40 * i + 1:40 * i + 41])
+        assert torch.equal(x, tokens[40 * i:40 * i + 40]) and torch.equal(y, tokens[40 * i + 1:40 * i + 41])  # exact: token ids
 
 
 def test_release_keeps_windows_correct(tmp_path):
@@ -92,7 +92,7 @@ def test_release_keeps_windows_correct(tmp_path):
     ds = PretrainDataset(p, 64, 128, max_resident_mb=0.3)  # releases mapped pages every couple of windows
     for i in np.random.default_rng(0).permutation(len(ds))[:60]:
         x, _ = ds[int(i)]
-        assert torch.equal(x, tokens[i * 64:i * 64 + 64])
+        assert torch.equal(x, tokens[i * 64:i * 64 + 64])  # exact: token ids
 
 
 # ---------------------------------------------------------------- dummy
@@ -109,7 +109,7 @@ def test_missing_path_is_an_error_and_dummy_is_explicit(tmp_path):
     torch.manual_seed(123)  # the global RNG does not matter
     for i in (0, 7, 999):
         (xa, ya), (xb, yb) = a[i], b[i]
-        assert torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(ya[:-1], xa[1:])
+        assert torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(ya[:-1], xa[1:])  # exact: token ids
         assert int(xa.max()) < 100 and xa.dtype == torch.long
     assert not torch.equal(a[0][0], c[0][0])
     assert not torch.equal(a[0][0], a[1][0])
@@ -267,7 +267,7 @@ def test_resume_exact_through_dataloader(tmp_path, stop):
     b = WindowSampler(len(ds), 8, True, seed=3, rank=0, world_size=2)
     b.load_state_dict(st)
     got += run(b, 30 - stop)
-    assert all(torch.equal(u, v) for u, v in zip(got, want)) and len(got) == 30
+    assert all(torch.equal(u, v) for u, v in zip(got, want)) and len(got) == 30  # exact: token ids
 
 
 @pytest.mark.parametrize("kw,match", [(dict(world_size=4, rank=0), "world_size=2"), (dict(rank=1), "rank=0"),
@@ -482,4 +482,4 @@ def test_dataloader_workers_and_resume_with_state_at(tmp_path, ctx, workers):
     b = WindowSampler(len(ds), 8, True, seed=5)
     b.load_state_dict(a.state_at(7))
     got += run(b, 13, 0)
-    assert all(torch.equal(u, v) for u, v in zip(got, want)) and len(got) == 20
+    assert all(torch.equal(u, v) for u, v in zip(got, want)) and len(got) == 20  # exact: token ids

@@ -48,11 +48,11 @@ def test_round_trip_ours_official_ours_is_bit_exact(variant, tmp_path):
     for back in (from_mamba_ssm(*to_mamba_ssm(m)), from_pretrained(tmp_path)):
         assert back.config == m.config
         for (k, a), b in zip(m.state_dict().items(), back.state_dict().values()):
-            assert torch.equal(a, b), k
+            assert torch.equal(a, b), k  # exact: copies and permutations
         with torch.no_grad():
-            assert torch.equal(back(ids).logits, m(ids).logits)
+            assert torch.equal(back(ids).logits, m(ids).logits)  # exact: equal weights, the same ops on the same shapes
     (tmp_path / "model.safetensors").unlink()                     # the official loader's only file also suffices
-    assert torch.equal(from_pretrained(tmp_path).state_dict()["embed.weight"], m.state_dict()["embed.weight"])
+    assert torch.equal(from_pretrained(tmp_path).state_dict()["embed.weight"], m.state_dict()["embed.weight"])  # exact: round trip
 
 
 @pytest.mark.parametrize("name, d_ff", [("siso", 256), ("mimo", 192)])
@@ -79,9 +79,9 @@ def test_golden_round_trip_official_ours_official_is_bit_exact(name):
     assert config2 == config
     assert list(sd2) == list(json.loads((GOLDEN / name / "official_layout.json").read_text()))
     emb = "backbone.embedding.weight"   # the official rows past vocab_size (random here) come back as zeros
-    assert torch.equal(sd2[emb][:1001], sd[emb][:1001]) and not sd2[emb][1001:].any() and sd[emb][1001:].any()
+    assert torch.equal(sd2[emb][:1001], sd[emb][:1001]) and not sd2[emb][1001:].any() and sd[emb][1001:].any()  # exact: round trip
     for k, v in sd.items():
-        assert k == emb or torch.equal(sd2[k], v), k
+        assert k == emb or torch.equal(sd2[k], v), k  # exact: round trip
 
 
 @pytest.mark.parametrize("name", ["siso", "mimo"])

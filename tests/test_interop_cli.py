@@ -60,7 +60,7 @@ def test_export_import_round_trip_through_the_cli(tmp_path, capsys):
     a, b = logits(run, ids), logits(tmp_path / "run2", ids)
     print(f"CLI round trip run -> export -> import -> run: logits max |diff| {(a - b).abs().max().item():.1e}, "
           f"rel. {nmax(b, a):.1e}")
-    assert torch.equal(a, b)
+    assert torch.equal(a, b)  # exact: equal weights and config, the same ops on the same shapes
     # importing over an existing run is refused in one line, nothing overwritten
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run2").iterdir()}
     capsys.readouterr()
@@ -125,4 +125,4 @@ def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys
         gen, ev = capsys.readouterr().out.splitlines()
         outs[name] = (gen, ev.split("|", 1)[1])                   # eval: everything after the step number
     print(outs)
-    assert outs["run"] == outs["run2"]
+    assert outs["run"] == outs["run2"]  # exact: equal weights and config, the same commands

@@ -111,7 +111,7 @@ def test_triton_without_env_var_warns_once_and_runs_pytorch(monkeypatch, fresh_e
         want = ref(u)
     assert sum("ENABLE_TRITON_KERNELS" in m for m in msgs) == 1     # once per process
     for o in outs:
-        assert torch.equal(o, want)
+        assert torch.equal(o, want)  # exact: the same PyTorch ops on the same shapes
 
 
 def test_triton_refusing_the_config_falls_back_once_per_block(monkeypatch, fresh_env_warning):
@@ -127,7 +127,7 @@ def test_triton_refusing_the_config_falls_back_once_per_block(monkeypatch, fresh
     fallbacks = [m for m in msgs if "falling back" in m]
     assert len(fallbacks) == 2 and all("chunk_size" in m for m in fallbacks)   # once per block, says why
     for o in outs:
-        assert torch.equal(o, want)
+        assert torch.equal(o, want)  # exact: the same PyTorch ops on the same shapes
 
 
 def test_triton_opt_in_uses_the_kernel(monkeypatch, fresh_env_warning):
@@ -167,7 +167,7 @@ def test_tying_survives_copies_and_conversions():
     other = Mamba3Transformer(ModelConfig.from_preset("tiny"))
     other.load_state_dict(model.state_dict(), assign=True)
     assert other.lm_head.weight is other.embed.weight
-    assert torch.equal(other.lm_head.weight, model.embed.weight)
+    assert torch.equal(other.lm_head.weight, model.embed.weight)  # exact: load_state_dict copies the values
     other.apply(lambda m: m.reset_parameters() if isinstance(m, torch.nn.Linear) else None)
     assert other.lm_head.weight is other.embed.weight
     # a gradient through the head lands on the embedding
@@ -185,7 +185,7 @@ def test_greedy_generation_matches_recompute(preset, extra):
     torch.manual_seed(0)
     model = Mamba3Transformer(ModelConfig.from_preset(preset, **extra))
     prompt = torch.randint(0, 50257, (3, 5))
-    assert torch.equal(model.generate(prompt, max_new_tokens=8, temperature=0), greedy_by_recompute(model, prompt, 8))
+    assert torch.equal(model.generate(prompt, max_new_tokens=8, temperature=0), greedy_by_recompute(model, prompt, 8))  # exact: token ids
 
 
 def test_generate_edge_cases():
@@ -193,10 +193,10 @@ def test_generate_edge_cases():
     model = Mamba3Transformer(ModelConfig.from_preset("tiny"))
     prompt = torch.randint(0, 50257, (2, 4))
     one = prompt[:, :1]                                      # a one-token prompt: prefill of T = 1
-    assert torch.equal(model.generate(one, 1, temperature=0), greedy_by_recompute(model, one, 1))
-    assert torch.equal(model.generate(prompt, 0), prompt)
+    assert torch.equal(model.generate(one, 1, temperature=0), greedy_by_recompute(model, one, 1))  # exact: token ids
+    assert torch.equal(model.generate(prompt, 0), prompt)  # exact: token ids
     out = model.generate(prompt, 5, top_k=1)                # top_k = 1 is greedy
-    assert torch.equal(out, model.generate(prompt, 5, temperature=0))
+    assert torch.equal(out, model.generate(prompt, 5, temperature=0))  # exact: token ids
     assert out.dtype == torch.long and out.shape == (2, 9)
     # once every row has produced eos, generation stops
     first = int(out[0, 4])

@@ -61,7 +61,7 @@ def stream(out, split):
 def assert_same_tokens(a, b):
     for split in ("train", "val"):
         (ta, ma), (tb, mb) = stream(a, split), stream(b, split)
-        assert ta.size > 0 and np.array_equal(ta, tb), split
+        assert ta.size > 0 and np.array_equal(ta, tb), split  # exact: token ids
         assert (ma["n_tokens"], ma["n_documents"], ma["n_empty_documents_skipped"]) == \
                (mb["n_tokens"], mb["n_documents"], mb["n_empty_documents_skipped"])
         assert [s["sha256"] for s in ma["shards"]] == [s["sha256"] for s in mb["shards"]]
@@ -144,7 +144,7 @@ def test_max_tokens_stops_at_a_document_boundary(reference, tmp_path):
     for name, src in (("files", dict(inputs=[jl])), ("hf", dict(inputs=None, hf_dataset="json", hf_data_files=[jl]))):
         res = prepare_corpus(out=tmp_path / name, max_tokens=3000, **src, **kw)
         got = np.concatenate([stream(tmp_path / name, "val")[0], stream(tmp_path / name, "train")[0]])
-        assert np.array_equal(got, everything[:want]), name
+        assert np.array_equal(got, everything[:want]), name  # exact: token ids
         assert res["train"]["max_tokens"] == 3000
 
 

@@ -80,7 +80,7 @@ def test_lr_schedule_key_values():
     assert math.isclose(Cfg.lr_factor(256_000, **ref), 0.05)
     assert math.isclose(Cfg.lr_factor(999_999, **ref), 0.05)
     wsd = dict(ref, schedule="wsd", wsd_decay_frac=0.1)
-    assert Cfg.lr_factor(200_000, **wsd) == 1.0
+    assert Cfg.lr_factor(200_000, **wsd) == 1.0  # exact: the stable phase returns 1.0
     assert math.isclose(Cfg.lr_factor(256_000 - 12_800, **wsd), 0.525)
     with pytest.raises(ValueError, match="cosine"):
         Cfg.lr_factor(3000, **ref, schedule="step")
@@ -96,7 +96,7 @@ def test_lr_schedule_key_values():
     s2.load_state_dict(json.loads(json.dumps(s.state_dict())))
     opt.step(); s.step(); opt2.step(); s2.step()
     assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"] == 3e-4 * Cfg.lr_factor(38, **dict(
-        warmup_steps=10, max_steps=100, min_lr_ratio=0.1))
+        warmup_steps=10, max_steps=100, min_lr_ratio=0.1))  # exact: the same Python float expression
 
 
 def test_accumulation_equivalence_2x8_vs_1x16():
@@ -127,7 +127,7 @@ def test_nonfinite_step_is_skipped():
     assert r.skipped and not math.isfinite(r.loss)
     assert sched.last_epoch == 0 and not opt.state  # neither the schedule nor the optimizer moved
     assert all(p.grad is None for p in m.parameters())
-    assert all(torch.equal(a, p) for a, p in list(zip(before, m.parameters()))[1:])
+    assert all(torch.equal(a, p) for a, p in list(zip(before, m.parameters()))[1:])  # exact: nothing was applied
 
 
 # -- the loop: NaN rollback, resume ----------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def test_resume_after_kill_is_bit_exact(tmp_path):
     assert f"[resume] from checkpoint step {done[-1]}" in r.stdout
     a, b = step_losses(straight.training.checkpoint_dir), step_losses(killed_dir)
     assert sorted(b) == list(range(1, n + 1))
-    assert all(a[s] == b[s] for s in range(1, n + 1)), [(s, a[s], b[s]) for s in a if a[s] != b[s]]
+    assert all(a[s] == b[s] for s in range(1, n + 1)), [(s, a[s], b[s]) for s in a if a[s] != b[s]]  # exact: the same batches, shapes and threads (num_threads=1)
 
 
 def test_explicit_resume_step_wins(tmp_path):
@@ -207,7 +207,7 @@ def test_explicit_resume_step_wins(tmp_path):
     assert res["first_step"] == 2 and res["final_step"] == 6
     assert any("[resume] from checkpoint step 2" in m for m in msgs)
     again = step_losses(cfg.training.checkpoint_dir)
-    assert all(again[s] == first[s] for s in range(3, 7))
+    assert all(again[s] == first[s] for s in range(3, 7))  # exact: the same batches, shapes and threads
     with pytest.raises(FileNotFoundError, match="step 3"):
         T.run_training(cfg, resume_step=3, log=QUIET)
 
@@ -362,12 +362,12 @@ def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     assert len(E.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch()) == 2
     stream, val_batches = E.make_streams(on, env, 50257, log=QUIET)
     x, y, sid = stream.next_batch()
-    assert torch.equal(sid, seq_idx_from_eos(x, GPT2_EOS_ID)) and sid.max() > 0 and torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal(sid, seq_idx_from_eos(x, GPT2_EOS_ID)) and sid.max() > 0 and torch.equal(x[:, 1:], y[:, :-1])  # exact: token ids
     assert all(len(b) == 3 for b in val_batches())
     model = tiny_model(vocab=50257)
     with torch.no_grad():
         packed, plain = E.lm_loss(model, (x, y, sid)), E.lm_loss(model, (x, y))
-        assert torch.equal(packed, model(x, targets=y, seq_idx=sid).loss) and abs(packed - plain) > 1e-4
+        assert torch.equal(packed, model(x, targets=y, seq_idx=sid).loss) and abs(packed - plain) > 1e-4  # exact: the same call
         r = E.evaluate(model, val_batches())
     assert math.isfinite(r["loss"])
     rc, out, err = run_captured(CLI.train_cli, base + ["--reset-at-eos"])
