@@ -55,7 +55,7 @@ def python_prose(source):
     out = [re.sub(r"[^\n]", " ", line) for line in lines]
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type not in (tokenize.COMMENT, tokenize.STRING): continue
-        (r0, c0), (r1, c1) = tok.start, tok.end
+        r0, c0 = tok.start
         text = tok.string.lstrip("#") if tok.type == tokenize.COMMENT else tok.string
         c0 += len(tok.string) - len(text)
         for k, part in enumerate(text.split("\n")):
