@@ -2,7 +2,7 @@
 
 Builds the a100-400m model on CPU (`Mamba3Transformer(ModelConfig.from_preset("a100-400m"))` when
 `mamba3_lite.model` exists, else a stand-in module with exactly the same tensor shapes: 434,359,040 parameters
-with the tied embedding/LM head, SPEC §5.1) and an AdamW state (fp32 exp_avg and exp_avg_sq per parameter). Then,
+with the tied embedding/LM head, as `03_model` counts them) and an AdamW state (fp32 exp_avg and exp_avg_sq per parameter). Then,
 in one run, side by side:
 
 * save  = `CheckpointManager.save` (safetensors + torch.save + meta, BLAKE3 while writing, 3 fsyncs + dir fsyncs)
@@ -41,7 +41,7 @@ N_PARAMS_434M = 434_359_040
 
 
 class StandInBlock(torch.nn.Module):
-    "A Mamba-3 block's parameter shapes (SPEC §5.1): mixer 6,693,184 + SwiGLU 6,979,584 + two norms 2,048."
+    "A Mamba-3 block's parameter shapes (`03_model`'s count): mixer 6,693,184 + SwiGLU 6,979,584 + two norms 2,048."
     def __init__(self):
         super().__init__()
         e = lambda *s: torch.nn.Parameter(torch.empty(*s))
