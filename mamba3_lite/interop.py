@@ -215,7 +215,8 @@ def _check_layout(state_dict: dict, layout: dict):
         if not v.is_floating_point():
             _refuse(k, f"expected a floating-point tensor, got {v.dtype}")
         if not torch.isfinite(v).all():
-            _refuse(k, f"holds {int((~torch.isfinite(v)).sum()):,} non-finite values (NaN or inf); expected finite weights")
+            n = int((~torch.isfinite(v)).sum())
+            _refuse(k, f"holds {n:,} non-finite value{'s' * (n != 1)} (NaN or inf); expected finite weights")
     head = state_dict.get("lm_head.weight")
     if head is not None and not torch.equal(head, state_dict["backbone.embedding.weight"]):
         _refuse("lm_head.weight", "differs from backbone.embedding.weight, but the config ties them")
@@ -310,8 +311,8 @@ def _read_weights(files: dict) -> dict:
                 warnings.simplefilter("ignore")    # (torch warns about pickle protocols it then reads fine)
                 sd = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
-            raise ValueError(f"{path}: not a readable PyTorch weights file (it holds objects other than tensors, which "
-                             "weights-only loading refuses without running them)") from None
+            raise ValueError(f"{path}: not a readable PyTorch weights file (weights-only loading refused it: not a "
+                             "file of tensors alone; nothing in it was run)") from None
         except Exception as e: raise ValueError(f"{path}: not a readable PyTorch weights file ({_first_line(e)})") from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ValueError(f"{path}: expected a dict of named tensors, got {type(sd).__name__}")
@@ -328,7 +329,9 @@ def from_pretrained(source) -> Mamba3Transformer:
         raise ValueError(f"{files['config.json']}: not valid JSON ({e})") from None
     try: model_config_from_mamba_ssm(config)   # the config first: what cannot be built is refused before the weights are read
     except ValueError as e: raise ValueError(f"{files['config.json']}: {e}") from None
-    return from_mamba_ssm(config, _read_weights(files))
+    weights, sd = next(files[name] for name in WEIGHT_FILES if name in files), _read_weights(files)
+    try: return from_mamba_ssm(config, sd)
+    except ValueError as e: raise ValueError(f"{weights}: {e}") from None     # a tensor's problem, named with its file
 
 # %% ../nbs/14_interop.ipynb #cf07f3dd
 def export_run(run_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:

@@ -85,11 +85,13 @@ def test_a_split_directory_as_data_path_is_refused_by_eval_and_train(prepared, t
     data, run, _ = prepared
     rc, out, err = run_captured(CLI.eval_cli, ["--checkpoint-dir", str(run), "--data-path", str(data / "train"),
                                                "--split", "val", "--max-batches", "1"])
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and not out, (out, err)
     assert f"{data / 'train'}: expected a prepared corpus" in err and "the 'train' split" in err, err
     assert f"pass {data}" in err, err
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(tmp_path / "run", data))
     rc, _, err = run_captured(CLI.train_cli, ["--config", str(f), "--data-path", str(data / "train")])
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and "expected a prepared corpus" in err, err
     assert not (tmp_path / "run").exists()                      # refused before the run directory was made
     rc, out, err = run_captured(CLI.eval_cli, ["--checkpoint-dir", str(run), "--data-path", str(data), "--max-batches", "1"])
@@ -104,6 +106,7 @@ def test_eval_refuses_a_shard_changed_at_the_same_size(prepared, tmp_path):
     shard = copy / "val" / "shard_000000.bin"
     b = bytearray(shard.read_bytes()); b[-2:] = b"\x00\x00"; shard.write_bytes(bytes(b))
     rc, out, err = run_captured(CLI.eval_cli, ["--checkpoint-dir", str(run), "--data-path", str(copy), "--max-batches", "1"])
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and not out, (out, err)
     assert str(shard) in err and "sha256" in err, err
 
@@ -131,7 +134,8 @@ def test_import_refuses_integer_and_non_finite_weights_naming_the_tensor(prepare
         else: sd[key][3, 5] = float(what)
     hf = _edited_export(prepared, tmp_path, edit)
     rc, out, err = _import(hf, tmp_path / "run")
-    assert rc == 2 and one_line(err) and key in err, (out, err)
+    print(f"exit {rc}: {err.strip()}")
+    assert rc == 2 and one_line(err) and f"{hf / 'model.safetensors'}: {key}: " in err, (out, err)
     assert ("floating-point" in err and "torch.int32" in err) if what == "int32" else "non-finite" in err, err
     assert not (tmp_path / "run").exists()
 
@@ -152,6 +156,7 @@ def test_import_of_a_broken_safetensors_file_is_one_line(prepared, tmp_path, kin
     shutil.copy(prepared[2] / "config.json", hf)
     (hf / "model.safetensors").write_bytes(body)
     rc, out, err = _import(hf, tmp_path / "run")
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err), (out, err)
     assert f"{hf / 'model.safetensors'}: not a readable safetensors file" in err and match in err, err
 
@@ -173,6 +178,7 @@ def test_import_of_a_garbage_or_pickled_torch_bin_is_one_line_and_runs_nothing(p
     elif kind == "raw_pickle": dest.write_bytes(pickle.dumps({"backbone.norm_f.weight": _Payload(marker)}))
     else: torch.save({"backbone.norm_f.weight": _Payload(marker)}, dest)
     rc, out, err = _import(hf, tmp_path / "run")
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err), (out, err)
     assert f"{dest}: not a readable PyTorch weights file" in err, err
     assert not marker.exists() and not (tmp_path / "run").exists()
@@ -203,6 +209,7 @@ def test_a_second_prepare_into_the_same_directory_is_refused(tmp_path):
         os.kill(first.pid, signal.SIGSTOP)                      # holds its lock while stopped
         rc, stdout, err = run_captured(CLI.prepare_cli, [str(texts), "--out", str(out), "--val-tokens", "2000",
                                                          "--shard-size-tokens", "2000", "--workers", "1", "--quiet"])
+        print(f"exit {rc}: {err.strip()}")
         assert rc == 2 and one_line(err) and not stdout, (stdout, err)
         assert f"{out} is in use by another writer (pid {first.pid}" in err, err
     finally:
@@ -239,6 +246,7 @@ def test_a_rerun_of_a_killed_prepare_removes_its_stale_temporaries(tmp_path):
 def test_non_finite_numbers_are_refused_at_config_load(tmp_path, setting, shown):
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(tmp_path / "run"))
     rc, _, err = run_captured(CLI.train_cli, ["--config", str(f), "--set", setting])
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and f"{shown} must be a finite number" in err, err
     assert not (tmp_path / "run").exists()
     key, _, value = setting.partition("=")
@@ -254,6 +262,7 @@ def test_non_finite_numbers_are_refused_at_config_load(tmp_path, setting, shown)
 def test_a_set_value_that_is_not_yaml_is_one_line(tmp_path, value):
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(tmp_path / "run"))
     rc, _, err = run_captured(CLI.train_cli, ["--config", str(f), "--set", f"training.lr={value}"])
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and f"--set {f'training.lr={value}'!r}" in err and "not valid YAML" in err, err
 
 
@@ -275,6 +284,7 @@ def test_train_refuses_a_model_too_big_for_the_machine_with_its_parameter_count(
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(tmp_path / "run"))
     rc, _, err = _capped(["train", "--config", f, "--set", "model.n_layers=10000000"])
     n = closed_form_num_parameters(ModelConfig.from_preset("tiny", n_layers=10_000_000))
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and f"{n:,} parameters" in err and "n_layers=10000000" in err, err
     assert "memory" in err and not (tmp_path / "run").exists()
 
@@ -288,6 +298,7 @@ def test_import_refuses_a_config_too_big_for_the_machine(prepared, tmp_path, fie
     (hf / "config.json").write_text(json.dumps(config))
     rc, out, err = _capped(["import", hf, "--out", tmp_path / "run"])
     ours = {"n_layer": "n_layers", "d_model": "d_model"}[field]
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and f"{ours}={value}" in err and " parameters" in err, (out, err)
     assert str(hf / "config.json") in err and "Storage" not in err and not (tmp_path / "run").exists(), err
 
@@ -297,10 +308,12 @@ def test_import_refuses_a_config_too_big_for_the_machine(prepared, tmp_path, fie
 def test_a_seed_out_of_range_is_refused_first_naming_the_option(tmp_path, seed):
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(tmp_path / "run"))
     rc, _, err = run_captured(CLI.train_cli, ["--config", str(f), "--seed", seed])
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and "argument --seed" in err and "2**32 - 1" in err, err
     assert not (tmp_path / "run").exists()
     t = time.time()
     rc, _, err = run_captured(CLI.quickstart_cli, ["--seed", seed, "--run-dir", str(tmp_path / "q")])
+    print(f"exit {rc}: {err.strip()}")
     assert rc == 2 and one_line(err) and "argument --seed" in err, err
     assert not (tmp_path / "q").exists() and time.time() - t < 30    # the corpus was not prepared
     with pytest.raises(Cfg.ConfigError, match="training.seed must be"):
@@ -319,6 +332,7 @@ def test_prepare_stopped_by_a_signal_is_one_line_and_leaves_no_temporaries(tmp_p
     os.kill(p.pid, sig)
     os.kill(p.pid, signal.SIGCONT)
     stdout, err = (s.decode() for s in p.communicate(timeout=120))
+    print(f"exit {p.returncode}: {err.strip()}")
     assert p.returncode == code and one_line(err), (p.returncode, err)
     assert f"nothing committed in {out}" in err and "rerun" in err, err
     assert tmp_files(out) == [] and not list(out.glob("*/manifest.json"))
@@ -340,5 +354,6 @@ def test_eval_stopped_by_a_signal_is_one_line(prepared, tmp_path, sig, code):
     os.kill(p.pid, sig)
     os.kill(p.pid, signal.SIGCONT)
     stdout, err = (s.decode() for s in p.communicate(timeout=120))
+    print(f"exit {p.returncode}: {err.strip()}")
     assert p.returncode == code and one_line(err) and "loss=" not in stdout, (p.returncode, stdout, err)
     assert ("terminated" if sig == signal.SIGTERM else "interrupted") in err, err
