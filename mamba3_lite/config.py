@@ -21,14 +21,15 @@ import torch
 import yaml
 
 from .block import triton_opted_in
-from .model import ModelConfig
+from .model import ModelConfig, check_fits_in_memory
 
 
 # %% auto #0
-__all__ = ['RESUME_META', 'MODEL_KNOBS_ON_RESUME', 'FIXED_ON_RESUME', 'OPTIMIZER_KEYS', 'ConfigError', 'DataConfig', 'LoopConfig',
-           'TrainingConfig', 'check_ranges', 'config_from_dict', 'config_to_dict', 'ConfigLoader', 'packaged_configs',
-           'config_path', 'load_config', 'apply_overrides', 'apply_triton_opt_in', 'build_model_config',
-           'check_resume_meta', 'config_changes', 'refused_changes', 'dry_run_config', 'lr_factor', 'build_scheduler']
+__all__ = ['SEED_MAX', 'SEED_MAX_TEXT', 'RESUME_META', 'MODEL_KNOBS_ON_RESUME', 'FIXED_ON_RESUME', 'OPTIMIZER_KEYS',
+           'ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'check_ranges', 'config_from_dict',
+           'config_to_dict', 'ConfigLoader', 'packaged_configs', 'config_path', 'load_config', 'apply_overrides',
+           'apply_triton_opt_in', 'build_model_config', 'check_resume_meta', 'config_changes', 'refused_changes',
+           'dry_run_config', 'lr_factor', 'build_scheduler']
 
 # %% ../nbs/09_config.ipynb #a2abc34a
 class ConfigError(ValueError):
@@ -110,6 +111,8 @@ def _check_type(value, tp, where: str):
             raise ConfigError(f"{where} must be a list of {len(args)} numbers, got {value!r}")
         return tuple(_check_type(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return float(value)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -150,6 +153,8 @@ def _model_section(d) -> dict:
     return out
 
 
+SEED_MAX, SEED_MAX_TEXT = 2**32 - 1, "2**32 - 1"   # numpy's global seed takes 32 bits
+
 _AT_LEAST_ONE = {"data": ("max_seq_len",),
                  "training": ("max_steps", "micro_batch_size", "gradient_accumulation_steps", "log_every", "eval_every",
                               "eval_batches", "save_every", "nan_guard_max_consecutive")}
@@ -161,7 +166,7 @@ def check_ranges(cfg: TrainingConfig) -> TrainingConfig:
             v = getattr(getattr(cfg, sec), k)
             if v < 1: raise ConfigError(f"{sec}.{k} must be >= 1, got {v}")
     t = cfg.training
-    for name, ok, want in (("keep_last", t.keep_last is None or t.keep_last >= 1, "null or >= 1"),
+    for name, ok, want in (("seed", 0 <= t.seed <= SEED_MAX, f"in [0, {SEED_MAX_TEXT}]"), ("keep_last", t.keep_last is None or t.keep_last >= 1, "null or >= 1"),
                            ("num_threads", t.num_threads is None or t.num_threads >= 1, "null or >= 1"),
                            ("warmup_steps", t.warmup_steps >= 0, ">= 0"), ("lr", t.lr > 0, "> 0"),
                            ("min_lr_ratio", 0 <= t.min_lr_ratio <= 1, "in [0, 1]"),
@@ -249,10 +254,10 @@ def apply_triton_opt_in(model_overrides: dict, env=None, log=print) -> dict:
 
 # %% ../nbs/09_config.ipynb #deafc414
 def build_model_config(config: TrainingConfig, log: Callable[[str], None] = print):
-    "The `ModelConfig` of a run: preset + overrides, after the Triton opt-in rule."
+    "The `ModelConfig` of a run: preset + overrides, after the Triton opt-in rule; refused when it cannot fit in memory."
     over = apply_triton_opt_in(config.model, log=log)
     preset = over.pop("preset", "tiny")
-    return ModelConfig.from_preset(preset, **over)
+    return check_fits_in_memory(ModelConfig.from_preset(preset, **over))
 
 
 # %% ../nbs/09_config.ipynb #63edcb47

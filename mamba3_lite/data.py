@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'MANIFEST_KEYS', 'SHARD_KEYS',
-           'token_dtype_code', 'write_chunks_atomic', 'shard_bytes', 'write_shard', 'Shard', 'locate', 'window_naive',
-           'window_fast', 'check_manifest_keys', 'PretrainDataset', 'dataset_identity', 'verify_in_background',
-           'WindowSampler']
+           'SPLITS', 'token_dtype_code', 'write_chunks_atomic', 'shard_bytes', 'write_shard', 'Shard', 'locate',
+           'window_naive', 'window_fast', 'check_manifest_keys', 'PretrainDataset', 'dataset_identity',
+           'verify_in_background', 'prepared_root', 'WindowSampler']
 
 # %% ../nbs/06_data.ipynb #0a784d2a
 import bisect
@@ -343,6 +343,27 @@ def verify_in_background(*datasets):
     fut = pool.submit(lambda: [ds.verify_digests() for ds in datasets if ds.manifest is not None])
     pool.shutdown(wait=False)
     return fut
+
+# %% ../nbs/06_data.ipynb #d4e6b8f2
+SPLITS = ("train", "val")
+
+def _what_is_at(p: Path) -> str:
+    "A short description of a path that is not a prepared root: a split of one, loose shards, a file, or nothing of the kind."
+    if p.is_file(): return "a file"
+    try: split = json.loads((p / "manifest.json").read_text()).get("split")
+    except (OSError, ValueError, AttributeError): split = None
+    n = len(list(p.glob("shard_*.bin")))
+    if split in SPLITS: return f"the {split!r} split of one (manifest.json and {n} shard_*.bin files); pass {p.parent}"
+    if n: return f"{n} shard_*.bin files but no split directories"
+    return f"no {' or '.join(s + '/' for s in SPLITS)} directory"
+
+def prepared_root(data_path, splits=SPLITS) -> Path:
+    "`data_path` as a `Path` when it holds the `splits` directories `prepare` writes; else one-line `ValueError` naming what it holds."
+    p = Path(data_path)
+    if not p.exists(): raise FileNotFoundError(f"{p}: no such directory (prepare a corpus with `mamba3-lite prepare --out {p}`)")
+    if all((p / s).is_dir() for s in splits): return p
+    raise ValueError(f"{p}: expected a prepared corpus (the --out directory of `mamba3-lite prepare`, with "
+                     f"{' and '.join(s + '/' for s in splits)} inside); found {_what_is_at(p)}")
 
 # %% ../nbs/06_data.ipynb #993d87d4
 @patch(as_prop=True)

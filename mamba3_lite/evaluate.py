@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from .checkpoint import CheckpointManager
 from .config import TrainingConfig, build_model_config, config_from_dict
-from .data import PretrainDataset, WindowSampler
+from .data import PretrainDataset, WindowSampler, prepared_root
 from .distributed import DistEnv
 from .model import Mamba3Transformer
 
@@ -67,9 +67,10 @@ def make_streams(config: TrainingConfig, env: DistEnv, vocab_size: int, log=prin
         if _use_dummy(config, log):
             train = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed)
             val = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed + 1, dummy_windows=256)
-        else:
-            train = PretrainDataset(d.data_path, d.max_seq_len, vocab_size, split="train")
-            val = PretrainDataset(d.data_path, d.max_seq_len, vocab_size, split="val")
+        else:   # the prepared root: one split directory would serve as both train and val
+            root = prepared_root(d.data_path)
+            train = PretrainDataset(root, d.max_seq_len, vocab_size, split="train")
+            val = PretrainDataset(root, d.max_seq_len, vocab_size, split="val")
     sampler = WindowSampler(len(train), t.micro_batch_size, shuffle=d.shuffle, seed=t.seed,
                             rank=env.rank, world_size=env.world_size)
     b, w = t.micro_batch_size, env.world_size

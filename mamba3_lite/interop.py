@@ -11,6 +11,8 @@ __all__ = ['OFFICIAL_EPS', 'MLP_MULTIPLE', 'MAMBA_CONFIG_DEFAULTS', 'MAMBA3_DEFA
 # %% ../nbs/14_interop.ipynb #f38fd8bb
 import dataclasses
 import json
+import pickle
+import warnings
 from pathlib import Path
 
 import safetensors.torch
@@ -21,7 +23,7 @@ import yaml
 from .checkpoint import CheckpointManager
 from .config import TrainingConfig, config_to_dict, load_config
 from .files import atomic_write
-from .model import PRESETS, Mamba3Transformer, ModelConfig
+from .model import PRESETS, Mamba3Transformer, ModelConfig, check_fits_in_memory
 from .evaluate import load_trained
 
 # %% ../nbs/14_interop.ipynb #20e7f2c4
@@ -101,9 +103,9 @@ def model_config_from_mamba_ssm(config: dict, d_ff: int = None) -> ModelConfig:
     if s["dropout"]:
         _refuse("ssm_cfg.dropout", f"expected 0.0, got {s['dropout']!r}")
     rank = s["mimo_rank"] if s["is_mimo"] else 1
-    return ModelConfig(vocab_size=c["vocab_size"], d_model=c["d_model"], n_layers=c["n_layer"],
-                       d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"] * rank, norm_eps=OFFICIAL_EPS,
-                       **{ours: s[off] for ours, off in MIXER_FIELDS.items()})
+    return check_fits_in_memory(ModelConfig(vocab_size=c["vocab_size"], d_model=c["d_model"], n_layers=c["n_layer"],
+                                            d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"] * rank,
+                                            norm_eps=OFFICIAL_EPS, **{ours: s[off] for ours, off in MIXER_FIELDS.items()}))
 
 # %% ../nbs/14_interop.ipynb #7f7b8666
 def official_state_order(d_state: int, n_angles: int) -> torch.Tensor:
@@ -200,7 +202,7 @@ def official_layout(config: dict, d_ff: int = None) -> dict:
 
 
 def _check_layout(state_dict: dict, layout: dict):
-    "Refuse (one line naming the key) a state dict with a missing, unknown or wrongly shaped tensor."
+    "Refuse (one line naming the key) a state dict with a missing, unknown, wrongly shaped, non-float or non-finite tensor."
     for k, shape in layout.items():
         if k not in state_dict and k != "lm_head.weight":
             _refuse(k, "missing from the state dict")
@@ -209,6 +211,12 @@ def _check_layout(state_dict: dict, layout: dict):
     unknown = sorted(set(state_dict) - set(layout))
     if unknown:
         _refuse(unknown[0], "not a tensor of this config's official MambaLMHeadModel")
+    for k, v in state_dict.items():      # an int tensor would be cast to float silently; NaN/inf would train on NaNs
+        if not v.is_floating_point():
+            _refuse(k, f"expected a floating-point tensor, got {v.dtype}")
+        if not torch.isfinite(v).all():
+            n = int((~torch.isfinite(v)).sum())
+            _refuse(k, f"holds {n:,} non-finite value{'s' * (n != 1)} (NaN or inf); expected finite weights")
     head = state_dict.get("lm_head.weight")
     if head is not None and not torch.equal(head, state_dict["backbone.embedding.weight"]):
         _refuse("lm_head.weight", "differs from backbone.embedding.weight, but the config ties them")
@@ -285,10 +293,30 @@ def _local_files(d: Path) -> dict:
     raise FileNotFoundError(f"{d}: holds config.json but none of {list(WEIGHT_FILES)}")
 
 
+# %% ../nbs/14_interop.ipynb #c9d1f3e7
+def _first_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}" if str(e).strip() else type(e).__name__
+
+
 def _read_weights(files: dict) -> dict:
+    "The tensors of a weights file; anything else is refused in one line naming the file (a pickle's code never runs)."
     if "model.safetensors" in files:
-        return safetensors.torch.load_file(files["model.safetensors"])
-    return torch.load(files["pytorch_model.bin"], map_location="cpu", weights_only=True)
+        path = files["model.safetensors"]
+        try: sd = safetensors.torch.load_file(path)
+        except Exception as e: raise ValueError(f"{path}: not a readable safetensors file ({_first_line(e)})") from None
+    else:
+        path = files["pytorch_model.bin"]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")    # (torch warns about pickle protocols it then reads fine)
+                sd = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise ValueError(f"{path}: not a readable PyTorch weights file (weights-only loading refused it: not a "
+                             "file of tensors alone; nothing in it was run)") from None
+        except Exception as e: raise ValueError(f"{path}: not a readable PyTorch weights file ({_first_line(e)})") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"{path}: expected a dict of named tensors, got {type(sd).__name__}")
+    return sd
 
 
 def from_pretrained(source) -> Mamba3Transformer:
@@ -299,7 +327,11 @@ def from_pretrained(source) -> Mamba3Transformer:
         config = json.loads(Path(files["config.json"]).read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{files['config.json']}: not valid JSON ({e})") from None
-    return from_mamba_ssm(config, _read_weights(files))
+    try: model_config_from_mamba_ssm(config)   # the config first: what cannot be built is refused before the weights are read
+    except ValueError as e: raise ValueError(f"{files['config.json']}: {e}") from None
+    weights, sd = next(files[name] for name in WEIGHT_FILES if name in files), _read_weights(files)
+    try: return from_mamba_ssm(config, sd)
+    except ValueError as e: raise ValueError(f"{weights}: {e}") from None     # a tensor's problem, named with its file
 
 # %% ../nbs/14_interop.ipynb #cf07f3dd
 def export_run(run_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:

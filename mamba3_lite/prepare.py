@@ -5,12 +5,13 @@
 # %% auto #0
 __all__ = ['DEFAULT_INCLUDE', 'PARQUET_BATCH_ROWS', 'list_input_files', 'stdlib_corpus_files', 'iter_documents',
            'MissingExtraError', 'require_extra', 'iter_parquet_documents', 'is_saved_dataset', 'hf_dataset_source',
-           'iter_hf_documents', 'document_source', 'check_prepare_settings', 'prepare_corpus']
+           'iter_hf_documents', 'document_source', 'check_prepare_settings', 'remove_stale_temps', 'prepare_corpus']
 
 # %% ../nbs/06a_prepare.ipynb #3d35e62f
 import hashlib
 import json
 import os
+import re
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatch
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .data import DTYPE_NAMES, SHARD_VERSION, Shard, shard_bytes, token_dtype_code, write_chunks_atomic
-from .files import file_digest, fsync_dir
+from .files import TMP_SUFFIX, RunLock, file_digest, fsync_dir
 from .tokenizer import TOKENIZER_NAME, gpt2_encoding
 
 
@@ -237,33 +238,12 @@ def check_prepare_settings(shard_size_tokens, val_tokens, val_fraction, workers,
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1): raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     return val_fraction
 
-# %% ../nbs/06a_prepare.ipynb #cb59f89d
-def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens: int = None, val_fraction: float = None,
-                   include=None, workers: int = 1, text_field: str = "text", encoding=None, bpe_file=None,
-                   progress: bool = True, batch_bytes: int = 1 << 18, max_tokens: int = None, hf_dataset=None,
-                   hf_config: str = None, hf_split: str = "train", hf_data_files=None) -> dict:
-    "Tokenize `inputs` (files/dirs/.jsonl/.parquet) or a Hugging Face dataset with GPT-2 BPE into `out/train` and `out/val` shards; returns both manifests."
+# %% ../nbs/06a_prepare.ipynb #d9e1f3a5
+def _tokenize_into(writers: dict, documents, enc, workers: int, batch_bytes: int, val_tokens, val_fraction, max_tokens, bar) -> int:
+    "Encode `documents` on `workers` threads into the train/val `writers`, in document order; returns the empty documents skipped."
     from collections import deque
-    from tqdm.auto import tqdm
-    val_fraction = check_prepare_settings(shard_size_tokens, val_tokens, val_fraction, workers, max_tokens)
-    documents, sources, total_bytes = document_source(inputs, include, text_field, hf_dataset, hf_config, hf_split, hf_data_files)
-    enc = encoding if encoding is not None else gpt2_encoding(bpe_file)
-    vocab, eos = enc.n_vocab, enc.eot_token
-    out = Path(out)
-    if out.exists() and not out.is_dir(): raise NotADirectoryError(f"--out {out} exists and is not a directory")
-    meta = {"format": "mamba3-lite-shards", "version": SHARD_VERSION, "tokenizer": enc.name if enc.name != "r50k_base" else TOKENIZER_NAME,
-            "vocab_size": vocab, "eos_id": eos, "dtype": DTYPE_NAMES[token_dtype_code(vocab)], "shard_size_tokens": shard_size_tokens,
-            "val_tokens": val_tokens, "val_fraction": val_fraction, "text_field": text_field,
-            "sources": sources, **({"max_tokens": max_tokens} if max_tokens is not None else {})}
-    done = _finished_output(out, meta)
-    if done is not None: return done
-    for s in ("train", "val"):                          # uncommit an earlier run first: its manifests must not vouch
-        if (out / s / "manifest.json").exists():        # for shards this run is about to rewrite
-            (out / s / "manifest.json").unlink(); fsync_dir(out / s)
-    writers = {s: _SplitWriter(out / s, shard_size_tokens, vocab, eos) for s in ("train", "val")}
-    seen = n_empty = 0
+    eos, seen, n_empty = enc.eot_token, 0, 0
     full = False                                        # max_tokens reached: the documents after this one are not used
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     def consume(future, n_bytes):                       # in document order
         nonlocal seen, n_empty, full
         if full: return
@@ -291,9 +271,47 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
             while inflight: consume(*inflight.popleft())
         finally:
             for f, _ in inflight: f.cancel()
-            bar.close()
-    res = {s: w.finish({**meta, "split": s, "n_empty_documents_skipped": n_empty}) for s, w in writers.items()}
-    if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
-    for s in ("val", "train"): writers[s].commit(res[s])   # manifests last: the commit record of each split
-    res["stats"] = {s: {"written": w.n_written, "skipped": w.n_skipped, "removed": w.n_removed} for s, w in writers.items()}
-    return res
+    return n_empty
+
+
+_OUR_TEMP = re.compile(rf"^\.(shard_\d+\.bin|manifest\.json)\.\d+{re.escape(TMP_SUFFIX)}$")
+
+def remove_stale_temps(out: Path) -> list:
+    """Delete the temporary files (`.shard_*.bin.<pid>.tmp`, `.manifest.json.<pid>.tmp`) a killed prepare left in
+    `out`'s splits; call it holding `out`'s lock (no live prepare writes there then). Returns the names removed."""
+    gone = [f for s in ("train", "val") if (out / s).is_dir() for f in sorted((out / s).iterdir()) if _OUR_TEMP.match(f.name)]
+    for f in gone: f.unlink()
+    return [f"{f.parent.name}/{f.name}" for f in gone]
+
+# %% ../nbs/06a_prepare.ipynb #cb59f89d
+def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens: int = None, val_fraction: float = None,
+                   include=None, workers: int = 1, text_field: str = "text", encoding=None, bpe_file=None,
+                   progress: bool = True, batch_bytes: int = 1 << 18, max_tokens: int = None, hf_dataset=None,
+                   hf_config: str = None, hf_split: str = "train", hf_data_files=None) -> dict:
+    "Tokenize `inputs` (files/dirs/.jsonl/.parquet) or a Hugging Face dataset with GPT-2 BPE into `out/train` and `out/val` shards; returns both manifests."
+    from tqdm.auto import tqdm
+    val_fraction = check_prepare_settings(shard_size_tokens, val_tokens, val_fraction, workers, max_tokens)
+    documents, sources, total_bytes = document_source(inputs, include, text_field, hf_dataset, hf_config, hf_split, hf_data_files)
+    enc = encoding if encoding is not None else gpt2_encoding(bpe_file)
+    vocab, eos = enc.n_vocab, enc.eot_token
+    out = Path(out)
+    if out.exists() and not out.is_dir(): raise NotADirectoryError(f"--out {out} exists and is not a directory")
+    meta = {"format": "mamba3-lite-shards", "version": SHARD_VERSION, "tokenizer": enc.name if enc.name != "r50k_base" else TOKENIZER_NAME,
+            "vocab_size": vocab, "eos_id": eos, "dtype": DTYPE_NAMES[token_dtype_code(vocab)], "shard_size_tokens": shard_size_tokens,
+            "val_tokens": val_tokens, "val_fraction": val_fraction, "text_field": text_field,
+            "sources": sources, **({"max_tokens": max_tokens} if max_tokens is not None else {})}
+    with RunLock(out):                                  # one prepare per output directory; the kernel drops it on any exit
+        remove_stale_temps(out)
+        done = _finished_output(out, meta)
+        if done is not None: return done
+        for s in ("train", "val"):                      # uncommit an earlier run first: its manifests must not vouch
+            if (out / s / "manifest.json").exists():    # for shards this run is about to rewrite
+                (out / s / "manifest.json").unlink(); fsync_dir(out / s)
+        writers = {s: _SplitWriter(out / s, shard_size_tokens, vocab, eos) for s in ("train", "val")}
+        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress) as bar:
+            n_empty = _tokenize_into(writers, documents, enc, workers, batch_bytes, val_tokens, val_fraction, max_tokens, bar)
+        res = {s: w.finish({**meta, "split": s, "n_empty_documents_skipped": n_empty}) for s, w in writers.items()}
+        if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
+        for s in ("val", "train"): writers[s].commit(res[s])   # manifests last: the commit record of each split
+        res["stats"] = {s: {"written": w.n_written, "skipped": w.n_skipped, "removed": w.n_removed} for s, w in writers.items()}
+        return res
