@@ -312,12 +312,27 @@ def abandon_after(self: CheckpointManager, step: int):
 
 # %% ../nbs/07_checkpoint.ipynb #d9f1d1e5
 @patch
-def latest_step(self: CheckpointManager):
-    "The newest step that is committed and whose files match its meta; newer broken steps are warned about, naming the file."
-    for step in reversed(self.list_steps()):
+def latest_step(self: CheckpointManager, below=None):
+    "The newest step (below `below`) that is committed and whose files match its meta; newer broken steps are warned about, naming the file."
+    for step in reversed([s for s in self.list_steps() if below is None or s < below]):
         probs = self.problems(step)
         if not probs: return step
         warnings.warn(f"checkpoint step {step} skipped: " + "; ".join(probs), CheckpointWarning)
+    return None
+
+# %% ../nbs/07_checkpoint.ipynb #f1e2d3c4
+@patch
+def resume_point(self: CheckpointManager):
+    """The step a run continues from: `latest_step()`, or None when no step is committed (a fresh start). When every
+    committed step fails verification, `CheckpointCorruptError` naming each one's problem: starting afresh would
+    overwrite them (and the run's metrics)."""
+    broken = {}
+    for s in reversed([s for s in self.list_steps() if self.paths(s)["meta"].exists()]):
+        if not (probs := self.problems(s)): return self.latest_step()   # warns about each newer broken step
+        broken[s] = probs[0]
+    if broken:
+        raise CheckpointCorruptError(f"no checkpoint in {self.save_dir} verifies (" + "; ".join(f"step {s}: {p}" for s, p in
+                                     broken.items()) + "); nothing was changed: move the broken steps away to start afresh")
     return None
 
 # %% ../nbs/07_checkpoint.ipynb #e85830c4

@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -29,15 +28,14 @@ from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, bu
                                 build_scheduler, check_resume_meta, config_changes, config_to_dict, dry_run_config,
                                 refused_changes)
 from .data import dataset_identity, verify_in_background
-from .distributed import (FrozenState, FullModelView, FullOptimState, fsdp_sync, full_model_state,
-                                     residual_blocks, setup_distributed)
+from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
+                                     full_model_state, residual_blocks, setup_distributed)
 from .evaluate import autocast_for, evaluate, lm_loss, make_streams
-from .files import RunLockedError
 from .logger import TrainingLogger, peak_flops_for
 from .model import Mamba3Transformer
 
 # %% auto #0
-__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'STOP_SIGNALS', 'StepResult', 'train_step', 'build_optimizer', 'seed_everything',
+__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'build_optimizer', 'seed_everything',
            'keep_freed_memory_in_heap', 'Pretrainer', 'TrainingStopped', 'run_training']
 
 # %% ../nbs/11_train.ipynb #324a5078
@@ -177,7 +175,7 @@ class Pretrainer:
         self.tokens_per_step = t.micro_batch_size * t.gradient_accumulation_steps * config.data.max_seq_len * env.world_size
         self.logger = None  # made by train(), once the start step is known
         self.step, self.tokens_seen, self.evals, self._rollbacks = 0, 0, [], {}
-        self._stop_signal, self._stop_at = None, 0.0   # set by the SIGTERM/SIGINT handler (`_catch_stop_signals`)
+        self.stop_request = StopRequest()   # SIGTERM / SIGINT, read between steps
 
     def log(self, msg: str):
         "Print `msg` on rank 0."
@@ -250,13 +248,18 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     return self.step
 
 @patch
-def _from_rank0(self: Pretrainer, value):
-    "Rank 0's `value` on every rank (so all ranks resume / roll back to the same step)."
+def _rank0(self: Pretrainer, fn: Callable):
+    "`fn()` run on rank 0 alone, its result on every rank (so all resume / roll back alike); what it raises, every rank raises."
+    out = (None, None)
+    if self.env.is_main:
+        try: out = (fn(), None)
+        except Exception as e: out = (None, e)
     if self.env.world_size > 1:
-        box = [value]
+        box = [out]
         dist.broadcast_object_list(box, src=0)
-        return box[0]
-    return value
+        out = box[0]
+    if out[1] is not None: raise out[1]
+    return out[0]
 
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
@@ -279,11 +282,11 @@ def _make_logger(self: Pretrainer):
     return TrainingLogger(self.run_dir, log_every=t.log_every, total_steps=t.max_steps, start_step=self.step,
                           flops_per_token=self.model_config.flops_per_token(self.config.data.max_seq_len),
                           device=dev, peak_flops=peak, config=config_to_dict(self.config),
-                          hold=self._abandon_after is not None)   # the old records stay until the first commit
+                          hold=self._abandon_after is not None)   # the old records stay up to the first commit
 
 @patch
 def _rollback(self: Pretrainer, streak: int):
-    latest = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
+    latest = self._rank0(self.ckpt.latest_step)
     if latest is None:
         raise RuntimeError(f"NaN guard: {streak} consecutive non-finite steps and no valid checkpoint in "
                            f"{self.run_dir} to restore; lower training.lr or check the data")
@@ -297,46 +300,26 @@ def _rollback(self: Pretrainer, streak: int):
 # %% ../nbs/11_train.ipynb #8c55b97c
 @patch
 def train(self: Pretrainer) -> dict:
-    """Run (or continue) training to `max_steps` under the run directory's lock; return a summary dict.
-    SIGTERM / SIGINT: the step in flight finishes, a checkpoint is written, then `TrainingStopped` is raised."""
+    "Run (or continue) training to `max_steps` under the run directory's lock; return a summary dict (or raise `TrainingStopped`)."
     t0 = time.time()
     self._lock()
     try:
         start = self.resume_step
         if start is None and not self.config.training.dry_run:  # a dry run always starts fresh
-            start = self._auto_start()
+            start = self._rank0(self.ckpt.resume_point)   # refuses when every committed step is broken
         if start is not None:
             self._resume(start)
         if self.env.is_main:
             self.logger = self._make_logger()
-        handlers = self._catch_stop_signals()
         try:
-            return self._loop(start is not None, t0)
+            with self.stop_request:
+                return self._loop(start is not None, t0)
         finally:
-            for s, h in handlers.items(): signal.signal(s, h)
             if self.logger is not None:
                 self.logger.close()
     finally:
         self.ckpt.lock.release()
 
-@patch
-def _auto_start(self: Pretrainer):
-    """The newest verified step (rank 0's, for every rank), or None for a fresh run. When every committed step fails
-    verification, refuses (`CheckpointCorruptError`): starting afresh would overwrite them and their metrics."""
-    start, err = None, None
-    if self.env.is_main:
-        committed = [s for s in self.ckpt.list_steps() if self.ckpt.paths(s)["meta"].exists()]
-        broken = {}
-        for s in reversed(committed):
-            if not (probs := self.ckpt.problems(s)): break
-            broken[s] = probs[0]
-        if committed and len(broken) == len(committed):
-            err = (f"no checkpoint in {self.run_dir} verifies (" + "; ".join(f"step {s}: {p}" for s, p in broken.items())
-                   + "); nothing was changed: move the broken steps away to start afresh")
-        else: start = self.ckpt.latest_step()              # warns about each newer broken step it skips
-    start, err = self._from_rank0((start, err))
-    if err is not None: raise CheckpointCorruptError(err)
-    return start
 
 # %% ../nbs/11_train.ipynb #75c7e482
 @patch
@@ -347,7 +330,7 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
     first_step, streak = self.step, 0
     last_eval, last_save = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
     while self.step < t.max_steps:
-        if self._stop_requested():
+        if self.stop_request.poll(self.env):
             self._stop(last_save)
         batches = [self.train_stream.next_batch() for _ in range(t.gradient_accumulation_steps)]
         r = train_step(self.model, self.optimizer, batches, scheduler=self.scheduler,
@@ -382,65 +365,25 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
             "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
 
-# %% ../nbs/11_train.ipynb #a1c4e7f2
 class TrainingStopped(Exception):
     "SIGTERM or SIGINT stopped training after a step; a checkpoint of that step is on disk (`saved`: written now)."
     def __init__(self, signum: int, step: int, run_dir, saved: bool):
         self.signum, self.step, self.run_dir, self.saved = signum, step, run_dir, saved
-        what = "saved" if saved else "already on disk"
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint step {step} {what} in {run_dir}")
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-@patch
-def _catch_stop_signals(self: Pretrainer) -> dict:
-    """Route SIGTERM and SIGINT to a flag the loop reads between steps; return the handlers they replace. A second
-    signal exits at once (code 128 + signal, no checkpoint); a repeat within a second counts as the same request: a
-    scheduler that signals every process of a job reaches each torchrun worker twice (directly, and forwarded)."""
-    if threading.current_thread() is not threading.main_thread(): return {}
-    def ask(signum, frame):
-        now = time.monotonic()
-        if self._stop_signal is None: self._stop_signal, self._stop_at = signum, now
-        elif now - self._stop_at > 1.0:
-            print(f"second {signal.Signals(signum).name}: exiting now, without a checkpoint", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
-    return {s: signal.signal(s, ask) for s in STOP_SIGNALS}
-
-@patch
-def _stop_requested(self: Pretrainer) -> int:
-    "The stop signal any rank received (0: none); every rank gets the same answer, so all stop after the same step."
-    flag = self._stop_signal or 0
-    if self.env.world_size > 1:
-        box = torch.tensor([flag], dtype=torch.int64)     # gloo or NCCL: a CPU tensor for gloo, moved for NCCL
-        if dist.get_backend() == "nccl": box = box.to(self.env.device)
-        dist.all_reduce(box, op=dist.ReduceOp.MAX)
-        flag = int(box.item())
-    if flag and self._stop_signal is None:        # another rank's signal: this rank's own copy may still arrive
-        self._stop_signal, self._stop_at = flag, time.monotonic()
-    return flag
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint step {step} "
+                         f"{'saved' if saved else 'already on disk'} in {run_dir}")
 
 @patch
 def _stop(self: Pretrainer, last_save: int):
     "Checkpoint the current step (unless it is on disk already) on every rank, then raise `TrainingStopped`."
-    signum, saved = self._stop_requested(), last_save != self.step
-    if saved: self.save_checkpoint(tag="stopped")
-    raise TrainingStopped(signum, self.step, self.run_dir, saved)
+    if last_save != self.step: self.save_checkpoint(tag="stopped")
+    raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.run_dir, saved=last_save != self.step)
+
 
 # %% ../nbs/11_train.ipynb #c38a466f
 @patch
 def _lock(self: Pretrainer):
     "Rank 0 holds the run directory's lock for the run's life; every rank raises `RunLockedError` if another writer has it."
-    err = None
-    if self.env.is_main:
-        try: self.ckpt.lock.acquire()
-        except RunLockedError as e: err = str(e)
-    err = self._from_rank0(err)
-    if err is not None: raise RunLockedError(err)
-
-@patch
-def _valid_before(self: Pretrainer, step: int):
-    "The newest complete, verified step below `step`, or None."
-    return next((s for s in reversed(self.ckpt.list_steps()) if s < step and not self.ckpt.problems(s)), None)
+    self._rank0(lambda: self.ckpt.lock.acquire() and None)
 
 # %% ../nbs/11_train.ipynb #73dd147b
 @patch
@@ -456,12 +399,11 @@ def _resume(self: Pretrainer, step: int) -> int:
         except CheckpointCorruptError as e:
             if explicit: raise
             warnings.warn(f"checkpoint step {step} skipped: {e}", CheckpointWarning)
-            step = self._from_rank0(self._valid_before(step) if self.env.is_main else None)
+            step = self._rank0(lambda: self.ckpt.latest_step(below=step))
             if step is None:
                 raise RuntimeError(f"no checkpoint in {self.run_dir} loads; move the broken steps away to start afresh") from None
-    newer = [s for s in self.ckpt.list_steps() if s > step and (explicit or self.ckpt.paths(s)["meta"].exists())]
-    if self.env.is_main and newer:      # a rewind, or committed steps skipped as broken: moved away at the first save
-        self._abandon_after = step
+    if self.env.is_main and any(s > step and (explicit or self.ckpt.paths(s)["meta"].exists()) for s in self.ckpt.list_steps()):
+        self._abandon_after = step      # a rewind, or committed steps skipped as broken: moved away at the first save
     self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
     return step
 
