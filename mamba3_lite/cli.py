@@ -54,8 +54,8 @@ def run_cli(parser, argv, body) -> int:
         print(f"{parser.prog}: error: {e}", file=sys.stderr); return 2
     except RuntimeError as e:
         print(f"{parser.prog}: failed: {e}", file=sys.stderr); return 1
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr); return 130
+    except KeyboardInterrupt as e:          # Ctrl-C, or `TrainingStopped` (a signal, after a checkpoint)
+        print(f"{parser.prog}: {e or 'interrupted'}", file=sys.stderr); return 128 + getattr(e, "signum", 2)
 
 # %% ../nbs/12_cli.ipynb #58af5261
 COMMANDS = {

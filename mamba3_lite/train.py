@@ -365,7 +365,7 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
             "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
 
-class TrainingStopped(Exception):
+class TrainingStopped(KeyboardInterrupt):
     "SIGTERM or SIGINT stopped training after a step; a checkpoint of that step is on disk (`saved`: written now)."
     def __init__(self, signum: int, step: int, run_dir, saved: bool):
         self.signum, self.step, self.run_dir, self.saved = signum, step, run_dir, saved

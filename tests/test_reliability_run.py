@@ -53,7 +53,8 @@ def wait_for(cond, procs, what, timeout=180):
 
 def workers(p):
     "The worker pids of the torchrun launcher `p` (torchrun starts each worker in a session of its own)."
-    return [int(x) for x in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+    try: return [int(x) for x in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+    except FileNotFoundError: return []                    # it has exited
 
 
 def records_after(run_dir, step):
@@ -262,13 +263,17 @@ def two_nodes(cfg_file, cwds, *extra):
     return [start(cmd, cwd=c) for c in cwds]
 
 
-def finish(procs, timeout=300):
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        assert p.returncode == 0, err[-3000:]
-        outs.append(out)
-    return outs
+def finish(procs, timeout=600):
+    "Wait for every process; their stdout. On a failure or a timeout, all are killed and their stderr reported."
+    try:
+        done = [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            if p.poll() is None:
+                for pid in [*workers(p), p.pid]: os.kill(pid, signal.SIGKILL)
+        done = [p.communicate() for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in done)
+    return [out for out, _ in done]
 
 
 def test_two_nodes_train_rank_0_alone_writes_and_a_lost_node_resumes_exactly(tmp_path):
@@ -291,10 +296,10 @@ def test_two_nodes_train_rank_0_alone_writes_and_a_lost_node_resumes_exactly(tmp
     wait_for(lambda: (shared / "meta_step_2.json").exists(), procs, "two-node training")
     for pid in [*workers(procs[0]), procs[0].pid]: os.kill(pid, signal.SIGKILL)   # the whole node dies at once
     t = time.time()
-    procs[1].communicate(timeout=120)
+    procs[1].communicate(timeout=300)
     survivor_s = time.time() - t
     procs[0].communicate()
-    assert procs[1].returncode != 0 and survivor_s < 60, survivor_s
+    assert procs[1].returncode != 0 and survivor_s < 120, survivor_s
     print(f"survivor exited {survivor_s:.1f} s after the other node was killed")
     latest = CheckpointManager(shared).latest_step()
     assert latest is not None and latest < n
