@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['FORMAT', 'RESUME_KEYS', 'DIGESTS', 'CheckpointWarning', 'check_json', 'capture_rng_state', 'restore_rng_state',
            'strip_compile_prefix', 'unwrap_compiled', 'independent_tensors', 'checkpoint_digest', 'record_digest',
-           'meta_digest', 'CheckpointCorruptError', 'CheckpointManager', 'DiskFullError']
+           'meta_digest', 'CheckpointCorruptError', 'CheckpointManager']
 
 # %% ../nbs/07_checkpoint.ipynb #a59da9a9
 import base64
@@ -28,7 +28,8 @@ import safetensors.torch
 import torch
 
 import mamba3_lite
-from .files import RunLock, TMP_SUFFIX, atomic_write, file_digest, fsync_dir, fsync_file, temp_path
+from .files import (DiskFullError, RunLock, TMP_SUFFIX, atomic_write, file_digest, fsync_dir, fsync_file,
+                              out_of_room, temp_path)
 
 class CheckpointWarning(UserWarning):
     "Every warning this module emits: torn/corrupt steps skipped, lenient loads, missing optimizer state."
@@ -222,18 +223,6 @@ def _remove_stale_temps(save_dir: Path):
     "Delete temp files left by a crashed save (called under the run's lock: no other writer has one in flight)."
     for p in save_dir.glob(f".*_step_*{TMP_SUFFIX}"): p.unlink(missing_ok=True)
 
-class DiskFullError(RuntimeError):
-    "A checkpoint write ran out of space; the message names the file, the free bytes and the newest intact step."
-
-def _is_disk_full(e: BaseException) -> bool:
-    "ENOSPC/EDQUOT, as Python, safetensors (`StorageFull`) or torch's zip writer (`unexpected pos`) report it."
-    import errno
-    while e is not None:
-        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT): return True
-        if any(s in str(e) for s in ("No space left", "StorageFull", "Disk quota", "unexpected pos")): return True
-        e = e.__cause__ or e.__context__
-    return False
-
 # %% ../nbs/07_checkpoint.ipynb #9a291104
 @patch
 def committed_before(self: CheckpointManager, step: int):
@@ -283,10 +272,10 @@ def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, 
             atomic_write(paths["meta"], lambda p: p.write_bytes(body))  # (5)-(6) commit
         except BaseException as e:
             for tmp in tmps.values(): tmp.unlink(missing_ok=True)
-            if isinstance(e, Exception) and _is_disk_full(e):
-                import shutil
-                raise DiskFullError(f"disk full writing {writing} ({shutil.disk_usage(self.save_dir).free} bytes free); "
-                                    f"checkpoints up to step {self.committed_before(step)} are intact") from e
+            if isinstance(e, Exception) and (why := out_of_room(e, writing)) is not None:
+                intact = self.committed_before(step)
+                raise DiskFullError(f"{why}; " + (f"checkpoints up to step {intact} are intact" if intact
+                                    is not None else f"no checkpoint before step {step} is on disk")) from e
             raise
         if self.keep_last is not None: self.prune(step)
     return meta
@@ -306,11 +295,12 @@ def prune(self: CheckpointManager, newest: int):
     return doomed
 
 @patch
-def abandon_after(self: CheckpointManager, step: int) -> list:
+def abandon_after(self: CheckpointManager, step: int):
     """Move every file of the steps after `step` into `abandoned/after_<step>_<time>/` (each meta first, so a step is
-    uncommitted before its files move); returns those steps. Called by the first save after a rewind."""
+    uncommitted before its files move); returns that folder (None when no step is newer). Called by the first save
+    after a rewind, or after a resume that skipped newer broken steps: a step on disk is never overwritten."""
     newer = [s for s in self.list_steps() if s > step]
-    if not newer: return []
+    if not newer: return None
     dest = self.save_dir / "abandoned" / f"after_{step}_{time.strftime('%Y%m%dT%H%M%S')}"
     with self.writer():
         dest.mkdir(parents=True, exist_ok=True)
@@ -318,16 +308,31 @@ def abandon_after(self: CheckpointManager, step: int) -> list:
             for p in (self.paths(s)[k] for k in ("meta", "model", "optim")):
                 if p.exists(): os.replace(p, dest / p.name)
         fsync_dir(dest); fsync_dir(self.save_dir)
-    return newer
+    return dest
 
 # %% ../nbs/07_checkpoint.ipynb #d9f1d1e5
 @patch
-def latest_step(self: CheckpointManager):
-    "The newest step that is committed and whose files match its meta; newer broken steps are warned about, naming the file."
-    for step in reversed(self.list_steps()):
+def latest_step(self: CheckpointManager, below=None):
+    "The newest step (below `below`) that is committed and whose files match its meta; newer broken steps are warned about, naming the file."
+    for step in reversed([s for s in self.list_steps() if below is None or s < below]):
         probs = self.problems(step)
         if not probs: return step
         warnings.warn(f"checkpoint step {step} skipped: " + "; ".join(probs), CheckpointWarning)
+    return None
+
+# %% ../nbs/07_checkpoint.ipynb #f1e2d3c4
+@patch
+def resume_point(self: CheckpointManager):
+    """The step a run continues from: `latest_step()`, or None when no step is committed (a fresh start). When every
+    committed step fails verification, `CheckpointCorruptError` naming each one's problem: starting afresh would
+    overwrite them (and the run's metrics)."""
+    broken = {}
+    for s in reversed([s for s in self.list_steps() if self.paths(s)["meta"].exists()]):
+        if not (probs := self.problems(s)): return self.latest_step()   # warns about each newer broken step
+        broken[s] = probs[0]
+    if broken:
+        raise CheckpointCorruptError(f"no checkpoint in {self.save_dir} verifies (" + "; ".join(f"step {s}: {p}" for s, p in
+                                     broken.items()) + "); nothing was changed: move the broken steps away to start afresh")
     return None
 
 # %% ../nbs/07_checkpoint.ipynb #e85830c4

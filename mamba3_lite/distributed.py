@@ -4,11 +4,15 @@
 
 # %% auto #0
 __all__ = ['DistEnv', 'setup_distributed', 'FullOptimState', 'full_model_state', 'FrozenState', 'FullModelView',
-           'residual_blocks', 'fsdp_sync']
+           'residual_blocks', 'fsdp_sync', 'StopRequest']
 
 # %% ../nbs/10_distributed.ipynb #11851345
 import contextlib
 import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -117,3 +121,36 @@ def residual_blocks(model: torch.nn.Module) -> list:
 def fsdp_sync(model, last: bool):
     model.set_requires_gradient_sync(last)
     yield
+
+# %% ../nbs/10_distributed.ipynb #e2f3a4b5
+class StopRequest:
+    "SIGTERM / SIGINT as a flag every rank reads the same (`poll`); `with StopRequest():` installs the handlers."
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    def __init__(self): self.signum, self._at, self._old = None, 0.0, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._ask) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items(): signal.signal(s, h)
+        self._old = {}
+
+    def _ask(self, signum, frame):
+        now = time.monotonic()
+        if self.signum is None: self.signum, self._at = signum, now
+        elif now - self._at > 1.0:
+            print(f"second {signal.Signals(signum).name}: exiting now, without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+
+    def poll(self, env: DistEnv) -> int:
+        "The signal any rank received (0: none), the same on every rank: a collective when there are several."
+        flag = self.signum or 0
+        if env.world_size > 1:
+            box = torch.tensor([flag], dtype=torch.int64, device=env.device if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(box, op=dist.ReduceOp.MAX)
+            flag = int(box.item())
+        if flag and self.signum is None:            # another rank's signal: this rank's own copy may still arrive
+            self.signum, self._at = flag, time.monotonic()
+        return flag

@@ -20,7 +20,7 @@ from fastcore.basics import patch
 import torch
 from tqdm import tqdm
 
-from .files import atomic_write
+from .files import append_whole, atomic_write
 
 # %% ../nbs/08_logger.ipynb #0d8c17e6
 PEAK_BF16_DENSE_FLOPS = (           # (substring of the device name, FLOP/s), most specific first
@@ -68,25 +68,31 @@ def _exp(x: float) -> float:
     try: return math.exp(x)
     except OverflowError: return float("inf")
 
-def truncate_metrics(path, step: int) -> int:
+def truncate_metrics(path, step: int, moved_to=None) -> int:
     """Rewrite `path` (atomically) keeping only whole records with `step <= step` (none when `step` is 0: a fresh
     start). A resumed run re-logs the steps after its checkpoint, so without this they appear twice; a torn last
-    line (a crash mid-write) is dropped rather than left to swallow the next record. Returns the lines dropped."""
+    line (a crash mid-write) is dropped rather than left to swallow the next record. `moved_to`: a file the dropped
+    whole records are appended to first (a rewind keeps them beside its abandoned steps). Returns the lines dropped."""
     path = Path(path)
     if not path.exists(): return 0
-    keep, dropped = [], 0
+    keep, moved, dropped = [], [], 0
     for line in path.read_text(encoding="utf-8").splitlines():
         try: rec = json.loads(line)
         except ValueError: rec = None
         if isinstance(rec, dict) and step > 0 and rec.get("step", 0) <= step: keep.append(line)
-        elif line.strip(): dropped += 1
+        elif line.strip():
+            dropped += 1
+            if isinstance(rec, dict): moved.append(line)
+    if moved and moved_to is not None:
+        moved_to = Path(moved_to); old = moved_to.read_text(encoding="utf-8") if moved_to.exists() else ""
+        atomic_write(moved_to, lambda tmp: tmp.write_text(old + "".join(l + "\n" for l in moved), encoding="utf-8"))
     if dropped: atomic_write(path, lambda tmp: tmp.write_text("".join(l + "\n" for l in keep), encoding="utf-8"))
     return dropped
 
 class TrainingLogger:
     "Windowed training metrics → console line, progress bar, `metrics.jsonl`, optional WandB. See the API above."
     def __init__(self, run_dir=None, log_every=10, total_steps=None, start_step=0, flops_per_token=0.0,
-                 device=None, peak_flops=None, progress=None, config=None, clock=time.perf_counter):
+                 device=None, peak_flops=None, progress=None, config=None, clock=time.perf_counter, hold=False):
         if not isinstance(log_every, int) or log_every < 1: raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
         if flops_per_token < 0: raise ValueError(f"flops_per_token must be >= 0, got {flops_per_token!r}")
         self.log_every, self.total_steps, self.flops_per_token, self.config = log_every, total_steps, flops_per_token, config
@@ -98,8 +104,9 @@ class TrainingLogger:
         self.metrics_path = self.run_dir / "metrics.jsonl" if self.run_dir is not None else None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            truncate_metrics(self.metrics_path, start_step)
-        self._file, self._wandb, self._wandb_tried, self._due = None, None, False, False
+            if not hold: truncate_metrics(self.metrics_path, start_step)
+        self._fd, self._wandb, self._wandb_tried, self._due = None, None, False, False
+        self._start, self._held, self._failed = start_step, ([] if hold else None), False
         self.tokens_total, self._t_mark, self._last_step, self._lr = 0, None, start_step, 0.0
         self._reset_window()
         if progress is None: progress = sys.stderr.isatty()
@@ -180,10 +187,10 @@ def _emit(self: TrainingLogger, line: str):
 
 @patch
 def _write(self: TrainingLogger, rec: dict):
-    if self.metrics_path is None: return
-    if self._file is None: self._file = open(self.metrics_path, "a", encoding="utf-8")
-    self._file.write(json.dumps({k: _json_safe(v) for k, v in rec.items()}, allow_nan=False) + "\n")
-    self._file.flush()
+    if self.metrics_path is None or self._failed: return
+    line = (json.dumps({k: _json_safe(v) for k, v in rec.items()}, allow_nan=False) + "\n").encode()
+    if self._held is not None: self._held.append(line)
+    else: self._append(line)
 
 @patch
 def _start_wandb(self: TrainingLogger):
@@ -227,11 +234,30 @@ def close(self: TrainingLogger):
     "Write the pending window (`_flush_pending`), close the progress bar, metrics file and WandB run (idempotent)."
     self._flush_pending()
     if self._bar is not None: self._bar.close(); self._bar = None
-    if self._file is not None: self._file.close(); self._file = None
+    if self._fd is not None: os.close(self._fd); self._fd = None
     if self._wandb is not None:
         try: self._wandb.finish()
         except Exception as e: warnings.warn(f"wandb finish failed ({type(e).__name__}: {e})", LoggerWarning)
         self._wandb = None
+
+# %% ../nbs/08_logger.ipynb #e5b7c9d1
+@patch
+def _append(self: TrainingLogger, line: bytes):
+    "Append one record's line to metrics.jsonl whole (`append_whole`); after a failure nothing more is written."
+    if self._fd is None: self._fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try: append_whole(self._fd, line, self.metrics_path)
+    except BaseException:
+        self._failed = True                                    # one error: close() does not raise a second
+        raise
+
+@patch
+def release(self: TrainingLogger, moved_to=None):
+    """End `hold`: the file's records after `start_step` (an abandoned branch's) move to `moved_to` (dropped if None),
+    then the held ones are written. Called when a rewound run commits its first checkpoint."""
+    if self._held is None: return
+    truncate_metrics(self.metrics_path, self._start, moved_to)
+    held, self._held = self._held, None
+    for line in held: self._append(line)
 
 # %% ../nbs/08_logger.ipynb #3da6cf66
 def read_metrics(run_dir) -> list:

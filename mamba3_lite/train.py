@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import random
+import signal
 import sys
 import time
 import warnings
@@ -27,16 +28,15 @@ from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, bu
                                 build_scheduler, check_resume_meta, config_changes, config_to_dict, dry_run_config,
                                 refused_changes)
 from .data import dataset_identity, verify_in_background
-from .distributed import (FrozenState, FullModelView, FullOptimState, fsdp_sync, full_model_state,
-                                     residual_blocks, setup_distributed)
+from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
+                                     full_model_state, residual_blocks, setup_distributed)
 from .evaluate import autocast_for, evaluate, lm_loss, make_streams
-from .files import RunLockedError
 from .logger import TrainingLogger, peak_flops_for
 from .model import Mamba3Transformer
 
 # %% auto #0
 __all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'build_optimizer', 'seed_everything',
-           'keep_freed_memory_in_heap', 'Pretrainer', 'run_training']
+           'keep_freed_memory_in_heap', 'Pretrainer', 'TrainingStopped', 'run_training']
 
 # %% ../nbs/11_train.ipynb #324a5078
 @dataclass
@@ -175,6 +175,7 @@ class Pretrainer:
         self.tokens_per_step = t.micro_batch_size * t.gradient_accumulation_steps * config.data.max_seq_len * env.world_size
         self.logger = None  # made by train(), once the start step is known
         self.step, self.tokens_seen, self.evals, self._rollbacks = 0, 0, [], {}
+        self.stop_request = StopRequest()   # SIGTERM / SIGINT, read between steps
 
     def log(self, msg: str):
         "Print `msg` on rank 0."
@@ -192,9 +193,11 @@ def save_checkpoint(self: Pretrainer, tag: str = ""):
     state = full_model_state(self.raw_model, self.sharded)
     optim = FrozenState(FullOptimState(self.raw_model, self.optimizer, self.sharded).state_dict())
     self._data_check.result()   # never checkpoint a step trained on shards that differ from their manifest
-    if self.env.is_main and self._abandon_after is not None:
-        moved = self.ckpt.abandon_after(self._abandon_after)
-        self.log(f"[resume] rewound to step {self._abandon_after}: steps {moved} moved to {self.run_dir / 'abandoned'}")
+    if self.env.is_main and self._abandon_after is not None:   # the first commit after a rewind or a skipped step
+        newer = [s for s in self.ckpt.list_steps() if s > self._abandon_after]
+        dest = self.ckpt.abandon_after(self._abandon_after)
+        if self.logger is not None: self.logger.release(dest / "metrics.jsonl" if dest is not None else None)
+        self.log(f"[resume] continuing from step {self._abandon_after}: steps {newer} and their metrics moved to {dest}")
     self._abandon_after = None
     if self.env.is_main:
         extra = {"scheduler": self.scheduler.state_dict(), "data_position": positions,
@@ -245,13 +248,18 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     return self.step
 
 @patch
-def _from_rank0(self: Pretrainer, value):
-    "Rank 0's `value` on every rank (so all ranks resume / roll back to the same step)."
+def _rank0(self: Pretrainer, fn: Callable):
+    "`fn()` run on rank 0 alone, its result on every rank (so all resume / roll back alike); what it raises, every rank raises."
+    out = (None, None)
+    if self.env.is_main:
+        try: out = (fn(), None)
+        except Exception as e: out = (None, e)
     if self.env.world_size > 1:
-        box = [value]
+        box = [out]
         dist.broadcast_object_list(box, src=0)
-        return box[0]
-    return value
+        out = box[0]
+    if out[1] is not None: raise out[1]
+    return out[0]
 
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
@@ -273,11 +281,12 @@ def _make_logger(self: Pretrainer):
     peak = peak_flops_for(torch.cuda.get_device_name(dev)) * self.env.world_size if dev.type == "cuda" else 0.0
     return TrainingLogger(self.run_dir, log_every=t.log_every, total_steps=t.max_steps, start_step=self.step,
                           flops_per_token=self.model_config.flops_per_token(self.config.data.max_seq_len),
-                          device=dev, peak_flops=peak, config=config_to_dict(self.config))
+                          device=dev, peak_flops=peak, config=config_to_dict(self.config),
+                          hold=self._abandon_after is not None)   # the old records stay up to the first commit
 
 @patch
 def _rollback(self: Pretrainer, streak: int):
-    latest = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
+    latest = self._rank0(self.ckpt.latest_step)
     if latest is None:
         raise RuntimeError(f"NaN guard: {streak} consecutive non-finite steps and no valid checkpoint in "
                            f"{self.run_dir} to restore; lower training.lr or check the data")
@@ -291,24 +300,26 @@ def _rollback(self: Pretrainer, streak: int):
 # %% ../nbs/11_train.ipynb #8c55b97c
 @patch
 def train(self: Pretrainer) -> dict:
-    "Run (or continue) training to `max_steps` under the run directory's lock; return a summary dict."
+    "Run (or continue) training to `max_steps` under the run directory's lock; return a summary dict (or raise `TrainingStopped`)."
     t0 = time.time()
     self._lock()
     try:
         start = self.resume_step
         if start is None and not self.config.training.dry_run:  # a dry run always starts fresh
-            start = self._from_rank0(self.ckpt.latest_step() if self.env.is_main else None)
+            start = self._rank0(self.ckpt.resume_point)   # refuses when every committed step is broken
         if start is not None:
             self._resume(start)
         if self.env.is_main:
             self.logger = self._make_logger()
         try:
-            return self._loop(start is not None, t0)
+            with self.stop_request:
+                return self._loop(start is not None, t0)
         finally:
             if self.logger is not None:
                 self.logger.close()
     finally:
         self.ckpt.lock.release()
+
 
 # %% ../nbs/11_train.ipynb #75c7e482
 @patch
@@ -319,6 +330,8 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
     first_step, streak = self.step, 0
     last_eval, last_save = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
     while self.step < t.max_steps:
+        if self.stop_request.poll(self.env):
+            self._stop(last_save)
         batches = [self.train_stream.next_batch() for _ in range(t.gradient_accumulation_steps)]
         r = train_step(self.model, self.optimizer, batches, scheduler=self.scheduler,
                        max_grad_norm=t.max_grad_norm, autocast_dtype=self.autocast_dtype, sync=self._sync)
@@ -352,27 +365,32 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
             "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
 
+class TrainingStopped(KeyboardInterrupt):
+    "SIGTERM or SIGINT stopped training after a step; a checkpoint of that step is on disk (`saved`: written now)."
+    def __init__(self, signum: int, step: int, run_dir, saved: bool):
+        self.signum, self.step, self.run_dir, self.saved = signum, step, run_dir, saved
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint step {step} "
+                         f"{'saved' if saved else 'already on disk'} in {run_dir}")
+
+@patch
+def _stop(self: Pretrainer, last_save: int):
+    "Checkpoint the current step (unless it is on disk already) on every rank, then raise `TrainingStopped`."
+    if last_save != self.step: self.save_checkpoint(tag="stopped")
+    raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.run_dir, saved=last_save != self.step)
+
+
 # %% ../nbs/11_train.ipynb #c38a466f
 @patch
 def _lock(self: Pretrainer):
     "Rank 0 holds the run directory's lock for the run's life; every rank raises `RunLockedError` if another writer has it."
-    err = None
-    if self.env.is_main:
-        try: self.ckpt.lock.acquire()
-        except RunLockedError as e: err = str(e)
-    err = self._from_rank0(err)
-    if err is not None: raise RunLockedError(err)
-
-@patch
-def _valid_before(self: Pretrainer, step: int):
-    "The newest complete, verified step below `step`, or None."
-    return next((s for s in reversed(self.ckpt.list_steps()) if s < step and not self.ckpt.problems(s)), None)
+    self._rank0(lambda: self.ckpt.lock.acquire() and None)
 
 # %% ../nbs/11_train.ipynb #73dd147b
 @patch
 def _resume(self: Pretrainer, step: int) -> int:
     """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
-    it, with a warning, as a digest mismatch does. After an explicit rewind, the first save moves newer steps away."""
+    it, with a warning, as a digest mismatch does. After an explicit rewind, or when committed newer steps were skipped,
+    the first save moves the newer steps (and their metrics records) to `abandoned/`: no step on disk is overwritten."""
     explicit = self.resume_step is not None
     while True:
         try:
@@ -381,11 +399,11 @@ def _resume(self: Pretrainer, step: int) -> int:
         except CheckpointCorruptError as e:
             if explicit: raise
             warnings.warn(f"checkpoint step {step} skipped: {e}", CheckpointWarning)
-            step = self._from_rank0(self._valid_before(step) if self.env.is_main else None)
+            step = self._rank0(lambda: self.ckpt.latest_step(below=step))
             if step is None:
                 raise RuntimeError(f"no checkpoint in {self.run_dir} loads; move the broken steps away to start afresh") from None
-    if explicit and self.env.is_main and any(s > step for s in self.ckpt.list_steps()):
-        self._abandon_after = step
+    if self.env.is_main and any(s > step and (explicit or self.ckpt.paths(s)["meta"].exists()) for s in self.ckpt.list_steps()):
+        self._abandon_after = step      # a rewind, or committed steps skipped as broken: moved away at the first save
     self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
     return step
 
