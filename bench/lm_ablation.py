@@ -45,6 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-tokens", type=int, default=600_000, help="train tokens prepared from the stdlib")
     p.add_argument("--val-windows", type=int, default=96)
+    p.add_argument("--data-dir", default=None, help="prepared corpus to reuse, or where to prepare it (default: a temporary dir)")
+    p.add_argument("--prepare-only", action="store_true", help="prepare --data-dir and stop")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="combine earlier JSON files into --out")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     a.variants = a.variants.split(",")
@@ -55,9 +58,10 @@ def parse_args(argv=None):
 
 
 def corpus(tmp: Path, a):
-    "Train / val windows (as compact ids) and the compact vocabulary size."
-    prepare_corpus(stdlib_corpus_files(), tmp, shard_size_tokens=1 << 22, val_tokens=1 << 15,
-                   max_tokens=a.max_tokens + (1 << 15), workers=1, progress=False)
+    "Train / val windows (as compact ids) and the compact vocabulary size; prepares the corpus unless tmp holds it."
+    if not (tmp / "train").is_dir():
+        prepare_corpus(stdlib_corpus_files(), tmp, shard_size_tokens=1 << 22, val_tokens=1 << 15,
+                       max_tokens=a.max_tokens + (1 << 15), workers=1, progress=False)
     sets = {s: PretrainDataset(tmp, a.seq_len, 50257, split=s) for s in ("train", "val")}
     win = {s: torch.stack([torch.cat([ds[i][0], ds[i][1][-1:]]) for i in range(len(ds))]) for s, ds in sets.items()}
     ids = torch.unique(torch.cat([w.flatten() for w in win.values()]))
@@ -90,29 +94,43 @@ def run(variant: str, seed: int, win: dict, vocab: int, a) -> dict:
                 n_params=model.num_parameters(), cpu_s=time.process_time() - cpu0)
 
 
+def write(out: Path, date: str, a, vocab: int, runs: list, cpu_s: float) -> dict:
+    "Mean and spread (max - min over seeds) of the validation loss per variant; the JSON with every run."
+    summary = {}
+    for v in a.variants:
+        xs = [q["val_loss"] for q in runs if q["variant"] == v]
+        if xs: summary[v] = dict(mean=float(np.mean(xs)), spread=float(max(xs) - min(xs)), n=len(xs))
+    settings = {k: v for k, v in vars(a).items() if k not in ("out", "merge", "prepare_only", "data_dir")}
+    out.write_text(json.dumps(dict(date=date, settings=settings, vocab=vocab,
+                                   train_tokens_seen=a.steps * a.batch_size * a.seq_len, runs=runs, summary=summary,
+                                   paper_val_ppl_440m=PAPER_PPL, cpu_s=cpu_s, threads=1), indent=1))
+    return summary
+
+
 def main(argv=None):
     a = parse_args(argv)
     torch.set_flush_denormal(True); torch.set_num_threads(1)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     out = Path(a.out or Path(__file__).parent / "results" / f"lm_ablation_{date}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    cpu0 = time.process_time()
-    with tempfile.TemporaryDirectory() as tmp:
-        win, vocab = corpus(Path(tmp), a)
-    print(f"{len(win['train'])} train windows, {len(win['val'])} val windows of {a.seq_len} tokens; compact vocab {vocab}")
-    runs = []
-    for seed in a.seeds:                       # seed-major: a cut run still has every variant of the first seed
+    cpu0, merging = time.process_time(), bool(a.merge)
+    if merging:
+        parts = [json.loads(Path(f).read_text()) for f in a.merge]
+        runs, vocab = [r for p in parts for r in p["runs"]], parts[0]["vocab"]
+        a = argparse.Namespace(**{**parts[0]["settings"], "variants": [v for v in VARIANTS if any(r["variant"] == v for r in runs)]})
+        cpu0 -= sum(p["cpu_s"] for p in parts)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            win, vocab = corpus(Path(a.data_dir or tmp), a)
+        print(f"{len(win['train'])} train windows, {len(win['val'])} val windows of {a.seq_len} tokens; vocab {vocab}")
+        if a.prepare_only: return
+        runs = []
+    for seed in ([] if merging else a.seeds):   # seed-major: a cut run has every variant of seed 0
         for variant in a.variants:
             r = run(variant, seed, win, vocab, a); runs.append(r)
             print(f"{variant:22s} seed {seed}  val loss {r['val_loss']:.4f}  ({r['cpu_s']:.0f} cpu-s)", flush=True)
-            summary = {}
-            for v in a.variants:
-                xs = [q["val_loss"] for q in runs if q["variant"] == v]
-                if xs: summary[v] = dict(mean=float(np.mean(xs)), spread=float(max(xs) - min(xs)), n=len(xs))
-            out.write_text(json.dumps(dict(date=date, settings={k: v for k, v in vars(a).items() if k != "out"},
-                                           vocab=vocab, train_tokens_seen=a.steps * a.batch_size * a.seq_len,
-                                           runs=runs, summary=summary, paper_val_ppl_440m=PAPER_PPL,
-                                           cpu_s=time.process_time() - cpu0, threads=1), indent=1))
+            write(out, date, a, vocab, runs, time.process_time() - cpu0)
+    summary = write(out, date, a, vocab, runs, time.process_time() - cpu0)
     print("\n| variant | val loss (mean of seeds) | spread (max-min) | paper 440M val ppl |\n|---|---|---|---|")
     for v, s in summary.items():
         print(f"| {v} | {s['mean']:.4f} | {s['spread']:.4f} | {PAPER_PPL.get(v, '')} |")

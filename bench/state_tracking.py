@@ -62,6 +62,8 @@ def plot(result: dict, path: Path):
             ax.plot([int(k) for k in acc], list(acc.values()), marker="o", label=f"{variant} (lr {best['lr']:g})")
         ax.axvline(max(result["settings"]["stages"]), color="grey", ls=":", lw=1)
         ax.set(title=task, xscale="log", xlabel="test length", ylabel="scaled accuracy (%)", ylim=(-10, 105))
+        lengths = sorted({int(k) for b in result["best"][task].values() for k in b["scaled_accuracy"]})
+        ax.minorticks_off(); ax.set_xticks(lengths); ax.set_xticklabels([str(n) for n in lengths])
         ax.legend(fontsize=7)
     fig.suptitle("trained up to the dotted length; 0 = chance, 100 = perfect", fontsize=9)
     fig.tight_layout()
