@@ -6,8 +6,8 @@ length curriculum of `mamba3_lite.state_tracking` and evaluated at lengths beyon
 
 Writes `bench/results/state_tracking_<UTC date>.json` (every run, the chosen learning rate per task and variant, the
 CPU time used) and `state_tracking_<date>.png` (scaled accuracy vs test length, one panel per task). The learning rate
-of a (task, variant) is the one with the best scaled accuracy at the longest *training* length; the test lengths
-beyond it play no part in the choice. The paper's Table 5b (https://arxiv.org/abs/2603.15569) is printed next to the
+of a (task, variant) is the one with the best mean scaled accuracy over the test lengths up to the longest *training*
+length; the lengths beyond it play no part in the choice. The paper's Table 5b (https://arxiv.org/abs/2603.15569) is printed next to the
 measured accuracy at test length 256."""
 import argparse
 import datetime
@@ -71,13 +71,14 @@ def plot(result: dict, path: Path):
 
 
 def best_of(runs: list, stages) -> dict:
-    "Per task and variant, the learning rate with the best scaled accuracy at the longest training length."
-    key, best = str(max(stages)), {}
+    "Per task and variant, the learning rate with the best mean scaled accuracy over the test lengths <= the longest training length."
+    best = {}
+    score = lambda acc: sum(v for k, v in acc.items() if int(k) <= max(stages)) / max(1, sum(int(k) <= max(stages) for k in acc))
     for r in runs:
         task, variant = r["config"]["task"], r["config"]["variant"]
         cur = best.setdefault(task, {}).get(variant)
         acc = r["scaled_accuracy"]
-        if cur is None or acc.get(key, -1e9) > cur["scaled_accuracy"].get(key, -1e9):
+        if cur is None or score(acc) > score(cur["scaled_accuracy"]):
             best[task][variant] = dict(lr=r["config"]["lr"], scaled_accuracy=acc,
                                        steps=r["config"]["steps_per_stage"] * len(r["config"]["stages"]))
     return best
