@@ -48,6 +48,10 @@ class ModelConfig:
     dt_max: float = 1e-1
     dt_init_floor: float = 1e-4
     a_floor: float = 1e-4
+    rotation: str = "data"         # ablation: "data" | "fixed" (learned position-only rates) | "none"
+    discretization: str = "trapezoid"  # ablation: "trapezoid" (learned λ) | "half" (λ = ½) | "euler" (λ = 1)
+    bc_bias: bool = True           # ablation: the per-head B/C bias
+    bc_norm: bool = True           # ablation: the RMSNorm of B and C
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "d_ff"):
@@ -56,7 +60,7 @@ class ModelConfig:
                      f"expected a positive int, got {val!r}")
         check_mixer_args(self.d_model, self.d_state, self.expand, self.headdim, self.ngroups, self.rope_fraction,
                          self.is_mimo, self.mimo_rank, self.chunk_size, self.ssd_dispatch, self.dt_min, self.dt_max,
-                         self.dt_init_floor, self.a_floor)
+                         self.dt_init_floor, self.a_floor, self.rotation, self.discretization, self.bc_bias, self.bc_norm)
         for name in ("grad_checkpoint", "outproj_norm"):
             require(isinstance(getattr(self, name), bool), name, f"expected a bool, got {getattr(self, name)!r}")
         for name in ("norm_eps", "init_std"):
@@ -67,10 +71,9 @@ class ModelConfig:
     @property
     def n_heads(self) -> int: return self.d_inner // self.headdim
     @property
-    def n_angles(self) -> int: return num_angles(self.d_state, self.rope_fraction)
+    def n_angles(self) -> int: return 0 if self.rotation == "none" else num_angles(self.d_state, self.rope_fraction)
     @property
     def rank(self) -> int: return self.mimo_rank if self.is_mimo else 1
-
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "ModelConfig":
         "A named preset (see PRESETS), with any field overridden."
@@ -90,7 +93,8 @@ def mixer_kwargs(self: ModelConfig) -> dict:
                 rope_fraction=self.rope_fraction, is_mimo=self.is_mimo, mimo_rank=self.mimo_rank,
                 chunk_size=self.chunk_size, ssd_dispatch=self.ssd_dispatch, outproj_norm=self.outproj_norm,
                 dt_min=self.dt_min, dt_max=self.dt_max, dt_init_floor=self.dt_init_floor, a_floor=self.a_floor,
-                norm_eps=self.norm_eps)
+                norm_eps=self.norm_eps, rotation=self.rotation, discretization=self.discretization,
+                bc_bias=self.bc_bias, bc_norm=self.bc_norm)
 
 # %% ../nbs/03_model.ipynb #d923e11a
 _TINY = dict(vocab_size=50257, d_model=64, n_layers=4, d_ff=192, d_state=32, expand=2, headdim=16, chunk_size=16)
@@ -110,10 +114,13 @@ def parameter_breakdown(cfg: ModelConfig) -> dict:
     "Closed-form parameter counts, item by item."
     d, d_in, H, N, P, G, R, S = (cfg.d_model, cfg.d_inner, cfg.n_heads, cfg.d_state, cfg.headdim, cfg.ngroups,
                                  cfg.rank, cfg.n_angles)
-    c = {"in_proj": d * (2 * d_in + 2 * R * G * N + 3 * H + S), "out_proj": d_in * d,
-         "dt_bias + B/C bias + BC-norm + D": H + 2 * H * R * N + 2 * N + H,
+    n_lam, n_theta = H if cfg.discretization == "trapezoid" else 0, S if cfg.rotation == "data" else 0
+    c = {"in_proj": d * (2 * d_in + 2 * R * G * N + 2 * H + n_lam + n_theta), "out_proj": d_in * d,
+         "dt_bias + B/C bias + BC-norm + D": H + 2 * H * R * N * cfg.bc_bias + 2 * N * cfg.bc_norm + H,
          "MIMO W_x, W_z, W_o": 3 * H * R * P if cfg.is_mimo else 0,
          "out-norm": d_in if cfg.outproj_norm else 0}
+    if cfg.rotation == "fixed":
+        c["fixed angle rates"] = S
     c["mixer"] = sum(c.values())
     c["MLP"] = 3 * d * cfg.d_ff
     c["two RMSNorms"] = 2 * d
