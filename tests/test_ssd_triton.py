@@ -42,8 +42,8 @@ def test_per_head_theta_and_per_head_A():
 
 
 def test_angle_kernel_pair_blocks():
-    """N = 128 has 64 pairs: the angle kernel splits them into two programs of 32, each carrying its own angle
-    gradient and summing its share of dΔ. 40 angles put rotated pairs in both blocks."""
+    """N = 128 has 64 pairs: the angle kernel splits them into four programs of 16, each carrying its own angle
+    gradient and summing its share of dΔ. 40 angles put rotated pairs in three of the four blocks."""
     kw, state = ssd_case(37, 40, True, seed=77, P=16, N=128)
     assert_grads_close(ssd_grads(ssd_triton, kw, state, chunk_size=16), ssd_grads(ssd_chunked, kw, state, chunk_size=16),
                        1e-3)
@@ -91,6 +91,24 @@ def test_shared_bc_groups_and_bias(G, bias):
     y_ref, st_ref = reference(**shared, initial_state=state, chunk_size=16)
     assert nmax(y, y_ref) <= 1e-4 and nmax(st.k, st_ref.k) <= 1e-4 and nmax(st.h, st_ref.h) <= 1e-4
     assert_grads_close(ssd_grads(ssd_triton, shared, state, chunk_size=16), ssd_grads(reference, shared, state, chunk_size=16), 1e-3)
+
+
+def test_x_as_a_strided_view_gives_the_same_run():
+    """x as the block hands it over, a view of its in-projection (batch and token strides of a wider row): the kernels
+    read it in place, and y, the final states and dx equal those of the contiguous copy exactly."""
+    kw, state = ssd_case(37, 4, True, seed=17)
+    b, T, H, P = kw["x"].shape
+    wide = torch.randn(b, T, H * P + 24)
+    wide[..., 8:8 + H * P] = kw["x"].reshape(b, T, H * P)
+    wide.requires_grad_(True)
+    x_view, x_copy = wide[..., 8:8 + H * P].view(b, T, H, P), kw["x"].clone().requires_grad_(True)
+    assert not x_view.is_contiguous()
+    (y, st), (y_c, st_c) = (ssd_triton(**dict(kw, x=x), initial_state=state, chunk_size=16) for x in (x_view, x_copy))
+    assert torch.equal(y, y_c) and all(torch.equal(a, r) for a, r in zip(st, st_c))
+    dy = torch.randn(y.shape)
+    (y * dy).sum().backward()
+    (y_c * dy).sum().backward()
+    assert torch.equal(wide.grad[..., 8:8 + H * P].view(b, T, H, P), x_copy.grad)
 
 
 def test_no_grad_inference_matches():
@@ -350,7 +368,7 @@ def test_document_resets_match_ssd_chunked(T, starts, S, init):
 
 
 def test_document_resets_with_shared_bc_and_pair_blocks():
-    """Resets with shared B/C + per-head biases (G = 1 group, H = 2 heads) and N = 128 (two angle pair blocks of 32):
+    """Resets with shared B/C + per-head biases (G = 1 group, H = 2 heads) and N = 128 (four angle pair blocks of 16):
     every gradient against `ssd_chunked` on the per-head B + B_bias, C + C_bias with the same seq_idx."""
     kw, state = ssd_case(37, 40, True, seed=91, P=16, N=128)
     g = torch.Generator().manual_seed(91)
