@@ -134,10 +134,17 @@ def _rotate(e, o, cs, sn):
     "Rotate each (even, odd) pair by its angle: (e cos Φ - o sin Φ, e sin Φ + o cos Φ)."
     return e * cs - o * sn, e * sn + o * cs
 
+# %% ../nbs/01_ssd_triton.ipynb #c0a7e3f1
+# the annotation `NC: constexpr` of the chunk count that bounds the `tl.range` chunk loops: a runtime int when compiled
+# (no annotation), a constant under the interpreter, whose Triton 3.6 otherwise hands the loop a 1-element array that
+# range() cannot take with numpy >= 2.5; that interpreter reads the annotation's source text, so it is spelled so
+constexpr = tl.constexpr if _INTERPRET else None
+
+
 # %% ../nbs/01_ssd_triton.ipynb #98849d55
 @triton.jit
 def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, rst_ptr, bt_ptr, ct_ptr, cbd_ptr, phit_ptr,
-                       phis_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
+                       phis_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G, HG,
                        L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_THETA: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Per-head rotated keys B̃ and queries C̃ of one (batch, head), in the dot dtype, and the diagonal's C·B: a walk
@@ -148,8 +155,7 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, r
     phi_c = tl.zeros((NH,), tl.float64)                        # the angle carry, fp64 (see "The angle carry")
     if HAS_THETA:
         phi_c = _wrap_carry(tl.load(phi0_ptr + bh * S + j, mask=j < S, other=0.).to(tl.float64))  # any Φ₀ -> [0, 2π)
-    c = 0
-    while c < NC:     # not range(NC): Triton 3.6's interpreter makes NC an int through a 1-element numpy array
+    for c in tl.range(0, NC):
         t0 = ib * T + c * L                                       # first token of the chunk
         mt = c * L + t < T
         row = (t0 + t) * H + ih                                   # rows of (b, T, H) tensors
@@ -176,13 +182,12 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, r
             ce, co = _rotate(ce, co, cs, sn)
         _store_pairs(bt_ptr + t0 * H * N, t * H + ih, mt, be, bo, N, NH)
         _store_pairs(ct_ptr + t0 * H * N, t * H + ih, mt, ce, co, N, NH)
-        c += 1
     if HAS_THETA:
         tl.store(phit_ptr + bh * S + j, _carry_f32(phi_c), mask=j < S)
 
 @triton.jit
 def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, rst_ptr, y_ptr, ht_ptr, hs_ptr,
-                    T, H, NC, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+                    T, H, NC: constexpr, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
                     HAS_D: tl.constexpr, HAS_H0: tl.constexpr, HAS_RST: tl.constexpr, STORE: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """Forward SSD of one (batch, head) over all chunks, from the rotated B̃, C̃ (per head, dot dtype); grid (H, b).
@@ -200,8 +205,7 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
     causal = t[:, None] > t[None, :]
-    c = 0
-    while c < NC:
+    for c in tl.range(0, NC):                                 # pipelined: the loads depend on c only
         t0 = ib * T + c * L                                       # first token of the chunk
         mt = c * L + t < T
         row = (t0 + t) * H + ih                                   # rows of (b, T, H) tensors
@@ -238,7 +242,6 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
             x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
         xk = (x.to(tl.float32) * (sig * ek)[:, None]).to(DOT_DTYPE)   # x weighted into the chunk end
         h = dec * h + tl.dot(tl.trans(xk), bt, input_precision=PREC)
-        c += 1
     tl.store(ht_ptr + bh * P * N + sto, h)
 
 # %% ../nbs/01_ssd_triton.ipynb #5d0c2f4e
@@ -265,7 +268,7 @@ def _read_state(ct_ptr, hs_ptr, bco, sto, mt, L: tl.constexpr, P: tl.constexpr, 
     return q
 
 @triton.jit
-def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_ptr, hs_ptr, T, H, NC, sxb, sxt,
+def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_ptr, hs_ptr, T, H, NC: constexpr, sxb, sxt,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_H0: tl.constexpr,
                           HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The state pass of the two-pass forward: one (batch, head) and one tile of BN state columns walks the chunks,
@@ -279,8 +282,7 @@ def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_p
         h = tl.load(h0_ptr + bh * P * N + sto)
     else:
         h = tl.zeros((P, BN), tl.float32)
-    c = 0
-    while c < NC:
+    for c in tl.range(0, NC):
         t0 = ib * T + c * L
         mt = c * L + t < T
         row = (t0 + t) * H + ih
@@ -299,7 +301,6 @@ def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_p
         xk = (x.to(tl.float32) * (sig * ek)[:, None]).to(DOT_DTYPE)
         bt = tl.load(bt_ptr + t0 * H * N + (t * H + ih)[:, None] * N + n[None, :], mask=mt[:, None], other=0.)
         h = tl.dot(tl.trans(xk), bt, acc=dec * h, input_precision=PREC)
-        c += 1
     tl.store(ht_ptr + bh * P * N + sto, h)
 
 @triton.jit
@@ -340,7 +341,7 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
-def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC,
+def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC: constexpr,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_RST: tl.constexpr,
                           DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """dL/dH_out of every chunk of one (batch, head), stored per chunk in the dot dtype, and its fp32 product
@@ -351,8 +352,8 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
     t = tl.arange(0, L); p = tl.arange(0, P); n = tl.arange(0, N)
     sto = p[:, None] * N + n[None, :]
     dh = tl.load(dht_ptr + bh * P * N + sto)                              # dL/dH_out, (P, N)
-    c = NC - 1
-    while c >= 0:
+    for i in tl.range(0, NC):                                          # the chunks in reverse
+        c = NC - 1 - i
         tl.store(dhs_ptr + (bh * NC + c) * P * N + sto, dh.to(dhs_ptr.dtype.element_ty))
         tl.store(dsl_ptr + bh * NC + c, tl.sum(tl.sum(dh * tl.load(hs_ptr + (bh * NC + c) * P * N + sto).to(tl.float32), axis=1),
                                                        axis=0))
@@ -370,7 +371,6 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
             dec = tl.where(last < 0, dec, 0.)
         dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
         dh = dec * dh + tl.dot(tl.trans(dyea), ct, input_precision=PREC)
-        c -= 1
     tl.store(dh0_ptr + bh * P * N + sto, dh)
 
 @triton.jit
@@ -476,7 +476,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 
 @triton.jit
 def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, dphit_ptr,
-                          db_ptr, dc_ptr, dbb_ptr, dcb_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC, OM_H, om_hs, G,
+                          db_ptr, dc_ptr, dbb_ptr, dcb_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G,
                           L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr, HGP: tl.constexpr,
                           OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Rotate the dB̃, dC̃ of the HG heads of one (batch, group) back and sum them over the heads into the group's dB,
@@ -492,8 +492,8 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
     gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
     gphi = tl.load(dphit_ptr + gph, mask=mj, other=0.)                  # dL/d(angle carry out of the chunk), per head
     z = tl.zeros((1,), tl.int32)
-    c = NC - 1
-    while c >= 0:
+    for i in tl.range(0, NC):                                          # the chunks in reverse
+        c = NC - 1 - i
         t0 = ib * T + c * L
         mt = c * L + t < T
         if HAS_RST:
@@ -555,7 +555,6 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         if OM_SHARED:
             tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g,
                      mask=mt[:, None] & (j < S)[None, :])
-        c -= 1
     tl.store(dphi0_ptr + gph, gphi, mask=mj)
 
 
@@ -569,6 +568,10 @@ _DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
 _DEFAULT_CONFIG[90]["fwd"].update(split=False)
 _DEFAULT_CONFIG[80]["bwd_chunk"].update(BN=16, split=True)
 _DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=64, split=False)
+# two stages where the main loops feed tensor-core dots from memory (the forward's chunk loop, the chunk backward's
+# loops over state tiles): the loads of the next iteration are issued (cp.async) while this one computes
+for _arch_cfg in _DEFAULT_CONFIG.values():
+    for _k in ("fwd", "bwd_chunk"): _arch_cfg[_k]["num_stages"] = 2
 
 def default_config(kind, arch=90, N=128):
     """Launch config of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later), d_state N:
@@ -604,9 +607,9 @@ def _launch_config(kind, N=128):
 # %% ../nbs/01_ssd_triton.ipynb #b3e8f215
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
 # N = 128 and 64, with and without resets, every launch (tests/test_ssd_triton.py compiles them all)
-_AUTOTUNE_MORE = {80: dict(rotate=[], fwd=[(8, 1, 16), (4, 2, 64)], bwd_state=[(4, 1)],
-                           bwd_chunk=[(8, 1, 32), (8, 2, 16), (8, 1, 64)], bwd_angle=[]),
-                  90: dict(rotate=[], fwd=[], bwd_state=[], bwd_chunk=[(8, 1, 32), (8, 2, 64), (8, 2, 32)],
+_AUTOTUNE_MORE = {80: dict(rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
+                           bwd_chunk=[(8, 1, 32), (8, 1, 16), (8, 1, 64)], bwd_angle=[]),
+                  90: dict(rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32), (8, 1, 64), (8, 2, 32)],
                            bwd_angle=[(4, 1)])}
 
 def autotune_configs(kind, arch=90, N=128):

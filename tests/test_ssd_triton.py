@@ -202,6 +202,19 @@ def test_default_and_autotune_configs_do_not_spill(autotune_table, arch, N, kern
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
 
 
+@pytest.mark.parametrize("arch,N,resets", [(arch, N, rst) for arch in (80, 90) for N in (128, 64) for rst in (False, True)])
+def test_main_loops_of_the_forward_and_chunk_backward_are_pipelined(autotune_table, arch, N, resets):
+    """At their default configs the forward's chunk loop (sm_90: the fused scan; sm_80: the state pass and the chunk
+    pass) and the chunk backward's loops over state tiles (every launch) load through cp.async or TMA: a `for` over
+    `tl.range` at two stages, which the compiler software-pipelines (a `while` loop it does not)."""
+    for kernel in ("fwd", "bwd_chunk"):
+        stages = default_config(kernel, arch, N)["num_stages"]
+        rows = [r for r in autotune_table[(arch, N, kernel, resets)] if r["num_stages"] == stages][:2]
+        assert stages >= 2 and rows, (kernel, stages)
+        for r in rows:
+            assert r["stages"] == stages and r["cp_async"] + r["tma"] > 0, r
+
+
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("resets", [False, True])
 def test_each_arch_launch_config_matches_ssd_chunked(monkeypatch, arch, resets):
