@@ -6,7 +6,8 @@ lowers each kernel of `mamba3_lite.ssd_triton` (`KERNELS`: rotate, fwd, bwd_stat
 launch where one runs as two, as fwd and bwd_chunk do on sm_80) through Triton's NVIDIA backend for each `--arch`
 (80: A100, 90: H100/H200), specialised as a launch at T=2048, H=32, S=32 would be (ints equal to 1 as constants,
 16-divisible ints and pointers with divisibility hints), runs the ptxas that ships with Triton with Triton's own
-flags, and prints registers, spill bytes and shared memory per config; `--out` (or $OUT) also gets the table as
+flags, and prints registers, spill bytes, shared memory, the `cp.async` and TMA (`cp.async.bulk.tensor`)
+instructions in the PTX and the CTAs per SM that registers, shared memory and warps allow, per config; `--out` (or $OUT) also gets the table as
 ssd_compile_check.json.
 
     python bench/ssd_compile_check.py --arch 80 90 --autotune --resets both --fail-on-spill   # what CI checks
@@ -32,20 +33,23 @@ from triton.compiler import ASTSource  # noqa: E402
 from mamba3_lite import ssd_triton as kern  # noqa: E402
 
 HALVES = {"fwd": ("state", "chunk"), "bwd_chunk": ("x", "bc")}   # the launches of a kernel split in two
-HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "bt_ptr", "ct_ptr", "dhs_ptr")
-INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG")
+HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "bt_ptr", "ct_ptr", "dhs_ptr", "hs_ptr", "gb_ptr",
+             "gc_ptr", "db_ptr", "dc_ptr")   # the tensors in the input / dot dtype: the rest are fp32
+INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG", "sxb", "sxt")
 
 
-def launch_ints(T, H, S, L, bias):
-    "The integer arguments of a launch at this shape: shared B/C (one group, shared angles) with bias, else per head."
+def launch_ints(T, H, S, L, P, N, bias):
+    """The integer arguments of a launch at this shape: shared B/C (one group, shared angles) with bias, else per head;
+    x a view of the block's in-projection (z, x, B, C, Δ, A, λ, θ per token)."""
     G = 1 if bias else H
-    return dict(T=T, H=H, S=S, NC=-(-T // L), OM_H=1, om_hs=0, G=G, HG=H // G)
+    sxt = 2 * H * P + 2 * G * N + 3 * H + S
+    return dict(T=T, H=H, S=S, NC=-(-T // L), OM_H=1, om_hs=0, G=G, HG=H // G, sxb=T * sxt, sxt=sxt)
 
 
-def specialise(fn, dtype, consts, half_grads, ints):
+def specialise(fn, dtype, consts, ints):
     """Signature, constexprs and attributes as Triton builds them at launch: ints equal to 1 become constexprs, ints
     divisible by 16 and (16-byte aligned) pointers carry a divisibility hint, which lets loads and stores vectorise."""
-    half = HALF_PTRS + (("db_ptr", "dc_ptr") if half_grads else ())
+    half = HALF_PTRS
     consts = dict(consts, **{k: 1 for k in fn.arg_names if ints.get(k) == 1})
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -74,6 +78,17 @@ def ptxas_report(ptx, arch):
                 spill_load_bytes=num(r"(\d+) bytes spill loads"), stack_bytes=num(r"(\d+) bytes stack frame"))
 
 
+SMEM_PER_SM = {80: 167936, 90: 233472}   # bytes a CTA may use: A100 164 KiB, H100/H200 228 KiB per SM
+
+
+def occupancy(arch, registers, shared, warps):
+    """CTAs per SM the launch allows: registers (a warp's allocated in units of 256, 64K a SM), shared memory (1 KiB
+    reserved per CTA), warps (64 a SM) and the 32-CTA cap."""
+    regs_per_warp = -(-registers * 32 // 256) * 256
+    by_smem = SMEM_PER_SM[arch] // (shared + 1024)
+    return min(32, 64 // warps, 65536 // (regs_per_warp * warps), by_smem)
+
+
 def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32,
                    resets=False, BN=None, half="all"):
     """Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row.
@@ -84,19 +99,23 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
     fn = getattr(kern, f"_ssd_fwd_{half}_kernel" if kind == "fwd" and half != "all" else f"_ssd_{kind}_kernel")
     BN = BN if "BN" in fn.arg_names else None
     NH = max(N // 2, 16)
-    every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x", NH=min(NH, 32) if kind == "bwd_angle" else NH,   # the angle kernel: <= 32 pairs
+    every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x", NH=min(NH, 16) if kind == "bwd_angle" else NH,   # the angle kernel: <= 16 pairs
                  HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True, HAS_RST=resets,
-                 STORE=True, DOT_DTYPE=dot, PREC="ieee")
+                 STORE=True, DOT_DTYPE=dot, PREC="ieee", HG=H if bias else 1, HGP=H if bias else 1, OM_SHARED=True)
     consts = {k: v for k, v in every.items() if k in fn.arg_names}
     options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     t0 = time.perf_counter()
-    sig, consts, attrs = specialise(fn, dtype, consts, kind == "bwd_angle" and not bias, launch_ints(T, H, S, L, bias))
+    sig, consts, attrs = specialise(fn, dtype, consts, launch_ints(T, H, S, L, P, N, bias))
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                         target=GPUTarget("cuda", arch, 32), options=options)
+    ptx = ck.asm["ptx"]
+    rep = ptxas_report(ptx, arch)
     return dict(kernel=kind, half=half if kind in HALVES else None, BN=BN,
                 arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, resets=resets, num_warps=warps, num_stages=stages,
-                maxnreg=maxnreg, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1),
-                **ptxas_report(ck.asm["ptx"], arch))
+                stages=stages, maxnreg=maxnreg, shared_bytes=ck.metadata.shared,
+                compile_s=round(time.perf_counter() - t0, 1), **rep,
+                cp_async=len(re.findall(r"cp\.async\.c[ag]", ptx)), tma=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                ctas_per_sm=occupancy(arch, rep["registers"], ck.metadata.shared, warps))
 
 
 def launches(kind, arch, a):
@@ -145,7 +164,7 @@ def main(argv=None):
     rows, failed = [], False
     print(f"triton {triton.__version__}, P={a.P} N={a.N}")
     print(f"{'kernel':12} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
-          f"{'spill st/ld B':>14} {'smem KiB':>8} {'compile s':>9}")
+          f"{'spill st/ld B':>14} {'smem KiB':>8} {'cp.async':>8} {'tma':>4} {'CTA/SM':>6} {'compile s':>9}")
     biases = {"on": (True,), "off": (False,), "both": (False, True)}[a.bias]
     resets_ = {"on": (True,), "off": (False,), "both": (False, True)}[a.resets]
     for arch in a.arch:
@@ -171,7 +190,8 @@ def main(argv=None):
                             spills = r["spill_store_bytes"] + r["spill_load_bytes"]
                             failed |= a.fail_on_spill and spills > 0
                             print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
-                                  f"{r['shared_bytes'] / 1024:8.0f} {r['compile_s']:9.1f}", flush=True)
+                                  f"{r['shared_bytes'] / 1024:8.0f} {r['cp_async']:8} {r['tma']:4} {r['ctas_per_sm']:6} "
+                                  f"{r['compile_s']:9.1f}", flush=True)
     out = a.out or os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -134,10 +134,17 @@ def _rotate(e, o, cs, sn):
     "Rotate each (even, odd) pair by its angle: (e cos Φ - o sin Φ, e sin Φ + o cos Φ)."
     return e * cs - o * sn, e * sn + o * cs
 
+# %% ../nbs/01_ssd_triton.ipynb #c0a7e3f1
+# the annotation `NC: constexpr` of the chunk count that bounds the `tl.range` chunk loops: a runtime int when compiled
+# (no annotation), a constant under the interpreter, whose Triton 3.6 otherwise hands the loop a 1-element array that
+# range() cannot take with numpy >= 2.5; that interpreter reads the annotation's source text, so it is spelled so
+constexpr = tl.constexpr if _INTERPRET else None
+
+
 # %% ../nbs/01_ssd_triton.ipynb #98849d55
 @triton.jit
 def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, rst_ptr, bt_ptr, ct_ptr, cbd_ptr, phit_ptr,
-                       phis_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
+                       phis_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G, HG,
                        L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_THETA: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Per-head rotated keys B̃ and queries C̃ of one (batch, head), in the dot dtype, and the diagonal's C·B: a walk
@@ -148,8 +155,7 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, r
     phi_c = tl.zeros((NH,), tl.float64)                        # the angle carry, fp64 (see "The angle carry")
     if HAS_THETA:
         phi_c = _wrap_carry(tl.load(phi0_ptr + bh * S + j, mask=j < S, other=0.).to(tl.float64))  # any Φ₀ -> [0, 2π)
-    c = 0
-    while c < NC:     # not range(NC): Triton 3.6's interpreter makes NC an int through a 1-element numpy array
+    for c in tl.range(0, NC):
         t0 = ib * T + c * L                                       # first token of the chunk
         mt = c * L + t < T
         row = (t0 + t) * H + ih                                   # rows of (b, T, H) tensors
@@ -176,19 +182,19 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, r
             ce, co = _rotate(ce, co, cs, sn)
         _store_pairs(bt_ptr + t0 * H * N, t * H + ih, mt, be, bo, N, NH)
         _store_pairs(ct_ptr + t0 * H * N, t * H + ih, mt, ce, co, N, NH)
-        c += 1
     if HAS_THETA:
         tl.store(phit_ptr + bh * S + j, _carry_f32(phi_c), mask=j < S)
 
 @triton.jit
 def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, rst_ptr, y_ptr, ht_ptr, hs_ptr,
-                    T, H, NC, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+                    T, H, NC: constexpr, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
                     HAS_D: tl.constexpr, HAS_H0: tl.constexpr, HAS_RST: tl.constexpr, STORE: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """Forward SSD of one (batch, head) over all chunks, from the rotated B̃, C̃ (per head, dot dtype); grid (H, b).
-    Tensors contiguous, (b, T, H, ...) layout."""
+    Tensors contiguous, (b, T, H, ...) layout, but x: batch and token strides sxb, sxt (a view of the in-projection)."""
     ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
     bh = ib * H + ih
+    x_ptr += ib * sxb                                          # this sequence's rows of x
     t = tl.arange(0, L); p = tl.arange(0, P); n = tl.arange(0, N)
     sto = p[:, None] * N + n[None, :]                          # a (P, N) state
     if HAS_H0:
@@ -199,13 +205,12 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
     causal = t[:, None] > t[None, :]
-    c = 0
-    while c < NC:
+    for c in tl.range(0, NC):                                 # pipelined: the loads depend on c only
         t0 = ib * T + c * L                                       # first token of the chunk
         mt = c * L + t < T
         row = (t0 + t) * H + ih                                   # rows of (b, T, H) tensors
         if STORE:
-            tl.store(hs_ptr + (bh * NC + c) * P * N + sto, h)
+            tl.store(hs_ptr + (bh * NC + c) * P * N + sto, h.to(hs_ptr.dtype.element_ty))   # bf16 on a GPU
         bco = t0 * H * N + (t * H + ih)[:, None] * N + n[None, :]
         bt = tl.load(bt_ptr + bco, mask=mt[:, None], other=0.)   # keys B̃, (L, N)
         ct = tl.load(ct_ptr + bco, mask=mt[:, None], other=0.)   # queries C̃
@@ -221,7 +226,8 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
             w = tl.where(t[None, :] >= st[:, None], w, 0.)
         g = tl.dot(ct, tl.trans(bt), input_precision=PREC)        # C̃ B̃ᵀ, (L, L)
         xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]
-        x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)       # (L, P), input dtype
+        xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]
+        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)       # (L, P), input dtype
         y = _mm(g * w, x, DOT_DTYPE, PREC) + diag[:, None] * x.to(tl.float32)
         ea = tl.exp(a)                                            # the read of H_in: the chunk's first document only
         ek = tl.exp(a_last - a)                                   # the write into the chunk-end state: its last document
@@ -233,10 +239,9 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
         y += ea[:, None] * _mm(ct, tl.trans(h), DOT_DTYPE, PREC)
         tl.store(y_ptr + xo, y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
         if HAS_RST:                                               # again: the masks take the registers that held it
-            x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)
+            x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
         xk = (x.to(tl.float32) * (sig * ek)[:, None]).to(DOT_DTYPE)   # x weighted into the chunk end
         h = dec * h + tl.dot(tl.trans(xk), bt, input_precision=PREC)
-        c += 1
     tl.store(ht_ptr + bh * P * N + sto, h)
 
 # %% ../nbs/01_ssd_triton.ipynb #5d0c2f4e
@@ -263,25 +268,25 @@ def _read_state(ct_ptr, hs_ptr, bco, sto, mt, L: tl.constexpr, P: tl.constexpr, 
     return q
 
 @triton.jit
-def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_ptr, hs_ptr, T, H, NC,
+def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_ptr, hs_ptr, T, H, NC: constexpr, sxb, sxt,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_H0: tl.constexpr,
                           HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The state pass of the two-pass forward: one (batch, head) and one tile of BN state columns walks the chunks,
     storing every chunk's H_in (fp32) and the final state; grid (H, b, N // BN)."""
     ih, ib, jn = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     bh = ib * H + ih
+    x_ptr += ib * sxb                                          # this sequence's rows of x
     t = tl.arange(0, L); p = tl.arange(0, P); n = jn * BN + tl.arange(0, BN)
     sto = p[:, None] * N + n[None, :]                                      # a (P, BN) tile of the state
     if HAS_H0:
         h = tl.load(h0_ptr + bh * P * N + sto)
     else:
         h = tl.zeros((P, BN), tl.float32)
-    c = 0
-    while c < NC:
+    for c in tl.range(0, NC):
         t0 = ib * T + c * L
         mt = c * L + t < T
         row = (t0 + t) * H + ih
-        tl.store(hs_ptr + (bh * NC + c) * P * N + sto, h)
+        tl.store(hs_ptr + (bh * NC + c) * P * N + sto, h.to(hs_ptr.dtype.element_ty))
         adt = tl.load(adt_ptr + row, mask=mt, other=0.)
         sig = tl.load(sig_ptr + row, mask=mt, other=0.)
         a = tl.cumsum(adt, axis=0)
@@ -292,21 +297,21 @@ def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_p
             st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
             ek = tl.where(t >= last, ek, 0.)
             dec = tl.where(last < 0, dec, 0.)
-        x = tl.load(x_ptr + t0 * H * P + (t * H + ih)[:, None] * P + p[None, :], mask=mt[:, None], other=0.)
+        x = tl.load(x_ptr + (c * L + t)[:, None] * sxt + ih * P + p[None, :], mask=mt[:, None], other=0.)
         xk = (x.to(tl.float32) * (sig * ek)[:, None]).to(DOT_DTYPE)
         bt = tl.load(bt_ptr + t0 * H * N + (t * H + ih)[:, None] * N + n[None, :], mask=mt[:, None], other=0.)
         h = tl.dot(tl.trans(xk), bt, acc=dec * h, input_precision=PREC)
-        c += 1
     tl.store(ht_ptr + bh * P * N + sto, h)
 
 @triton.jit
 def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, y_ptr,
-                          T, H, NC, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
+                          T, H, NC, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
                           HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The chunk pass of the two-pass forward: Y of one chunk of one (batch, head) from its stored H_in;
     grid (NC, H, b)."""
     c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     bh = ib * H + ih
+    x_ptr += ib * sxb                                          # this sequence's rows of x
     t = tl.arange(0, L); p = tl.arange(0, P)
     t0 = ib * T + c * L
     mt = c * L + t < T
@@ -328,7 +333,7 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
     diag = tl.load(gam_ptr + row, mask=mt, other=0.) * tl.load(cbd_ptr + row, mask=mt, other=0.) + dskip
-    x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)
+    x = tl.load(x_ptr + (c * L + t)[:, None] * sxt + ih * P + p[None, :], mask=mt[:, None], other=0.)
     y = _mm(_gram(ct_ptr, bt_ptr, bco, mt, L, N, BN, PREC) * w, x, DOT_DTYPE, PREC) + diag[:, None] * x.to(tl.float32)
     y += ea[:, None] * _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)
     tl.store(y_ptr + xo, y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
@@ -336,7 +341,7 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
-def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC,
+def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC: constexpr,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_RST: tl.constexpr,
                           DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """dL/dH_out of every chunk of one (batch, head), stored per chunk in the dot dtype, and its fp32 product
@@ -347,10 +352,11 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
     t = tl.arange(0, L); p = tl.arange(0, P); n = tl.arange(0, N)
     sto = p[:, None] * N + n[None, :]
     dh = tl.load(dht_ptr + bh * P * N + sto)                              # dL/dH_out, (P, N)
-    c = NC - 1
-    while c >= 0:
+    for i in tl.range(0, NC):                                          # the chunks in reverse
+        c = NC - 1 - i
         tl.store(dhs_ptr + (bh * NC + c) * P * N + sto, dh.to(dhs_ptr.dtype.element_ty))
-        tl.store(dsl_ptr + bh * NC + c, tl.sum(tl.sum(dh * tl.load(hs_ptr + (bh * NC + c) * P * N + sto), axis=1), axis=0))
+        tl.store(dsl_ptr + bh * NC + c, tl.sum(tl.sum(dh * tl.load(hs_ptr + (bh * NC + c) * P * N + sto).to(tl.float32), axis=1),
+                                                       axis=0))
         t0 = ib * T + c * L
         mt = c * L + t < T
         row = (t0 + t) * H + ih
@@ -365,12 +371,11 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
             dec = tl.where(last < 0, dec, 0.)
         dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
         dh = dec * dh + tl.dot(tl.trans(dyea), ct, input_precision=PREC)
-        c -= 1
     tl.store(dh0_ptr + bh * P * N + sto, dh)
 
 @triton.jit
 def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, dy_ptr, dhs_ptr, dsl_ptr,
-                          dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dd_ptr, T, H, NC,
+                          dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dd_ptr, T, H, NC, sxb, sxt,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr,
                           DO_BC: tl.constexpr, HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr,
                           PREC: tl.constexpr):
@@ -380,11 +385,13 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     visited in tiles of BN columns, and every sum over it is recomputed from memory rather than held."""
     c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     bh = ib * H + ih
+    x_ptr += ib * sxb                                          # this sequence's rows of x
     t = tl.arange(0, L); p = tl.arange(0, P)
     t0 = ib * T + c * L
     mt = c * L + t < T
     row = (t0 + t) * H + ih
-    xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]
+    xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]                       # dY, dX
+    xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]   # X
     bco = t0 * H * N + (t * H + ih)[:, None] * N                                        # + a tile of state columns
     sto = (bh * NC + c) * P * N + p[:, None] * N                                       # + a tile of state columns
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
@@ -400,7 +407,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         ek = tl.where(t >= last, ek, 0.)
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
     if DO_X:
-        x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)                           # (L, P), input dtype
+        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                           # (L, P), input dtype
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
         rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                   # γ-diagonal and D skip
         tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))
@@ -429,7 +436,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)                         # again: cheaper than holding it
         dx = _mm(gwt, dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32) + wk[:, None] * u
         tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
-        x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)
+        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
         wdot = tl.sum(x.to(tl.float32) * u, axis=1)                                    # B̃·(X dH) per row
         tl.store(dsig_ptr + row, dsig + ek * wdot, mask=mt)
         # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
@@ -445,7 +452,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     if DO_BC:
         # keys: the intra-chunk product (weight σ) and the state write (weight κ); queries: the intra-chunk product
         # and the inter-chunk read; both: the γ-diagonal
-        x = tl.load(x_ptr + xo, mask=mt[:, None], other=0.)
+        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
         gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
         w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # W
@@ -469,58 +476,87 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 
 @triton.jit
 def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, dphit_ptr,
-                          db_ptr, dc_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC, OM_H, om_hs, G, HG,
-                          L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          HAS_RST: tl.constexpr):
-    """Rotate one (batch, head)'s dB̃, dC̃ back to dB, dC and turn the angle gradient into dω, dΔ (a partial sum per
-    block of pairs) and dΦ₀: a reverse walk over the chunks carrying dL/d(angle carry); grid (H, b, blocks of NH pairs)."""
-    ih, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+                          db_ptr, dc_ptr, dbb_ptr, dcb_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G,
+                          L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr, HGP: tl.constexpr,
+                          OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
+    """Rotate the dB̃, dC̃ of the HG heads of one (batch, group) back and sum them over the heads into the group's dB,
+    dC (stored once, in B's dtype), per chunk and head into partial bias sums; turn the angle gradient into dω (summed
+    over the heads where ω is shared), dΔ (a partial sum per block of pairs) and dΦ₀: a reverse walk over the chunks
+    carrying dL/d(angle carry) of every head of the group, (HGP, NH); grid (G, b, blocks of NH pairs)."""
+    ig, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     NJ = tl.num_programs(2)
-    bh = ib * H + ih
-    t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH)                 # this block's pairs
+    t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH); hr = tl.arange(0, HGP)   # this block's pairs; the heads
     b_ptr += 2 * jb * NH; c_ptr += 2 * jb * NH; gb_ptr += 2 * jb * NH; gc_ptr += 2 * jb * NH
-    db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH
-    gphi = tl.load(dphit_ptr + bh * S + j, mask=j < S, other=0.)          # dL/d(angle carry out of the chunk)
-    c = NC - 1
-    while c >= 0:
+    db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH; dbb_ptr += 2 * jb * NH; dcb_ptr += 2 * jb * NH
+    mj = (hr < HG)[:, None] & (j < S)[None, :]
+    gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
+    gphi = tl.load(dphit_ptr + gph, mask=mj, other=0.)                  # dL/d(angle carry out of the chunk), per head
+    z = tl.zeros((1,), tl.int32)
+    for i in tl.range(0, NC):                                          # the chunks in reverse
+        c = NC - 1 - i
         t0 = ib * T + c * L
         mt = c * L + t < T
-        row = (t0 + t) * H + ih
-        xrow = t * H + ih
         if HAS_RST:
             st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+            ends = tl.load(rst_ptr + ib * T + c * L + t + 1, mask=c * L + t + 1 < T, other=0).to(tl.int32)  # t ends a doc
         else:                                                             # one document: nothing is read
             st, first, last = t, L, -1
-        phi, dt, _ = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
-                                   tl.load(phis_ptr + (bh * NC + c) * S + j, mask=j < S, other=0.), S, t, st, first,
-                                   HAS_RST)
-        cs, sn = tl.cos(phi), tl.sin(phi)
-        # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
-        be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr + 2 * jb * NH, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
-        be, bo = _rotate(be, bo, cs, sn)
-        ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
-        dphi = go * be - ge * bo
-        _store_pairs(db_ptr + t0 * H * N, xrow, mt, ge * cs + go * sn, go * cs - ge * sn, N, NH)
-        ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr + 2 * jb * NH, t * G + ih // HG, ih, mt, N, NH, HAS_BIAS)
-        ce, co = _rotate(ce, co, cs, sn)
-        ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
-        dphi += go * ce - ge * co
-        _store_pairs(dc_ptr + t0 * H * N, xrow, mt, ge * cs + go * sn, go * cs - ge * sn, N, NH)
-        if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens, and the carry out if in the last one
-            ends = tl.load(rst_ptr + ib * T + c * L + t + 1, mask=c * L + t + 1 < T, other=0).to(tl.int32)  # t ends a document
-            rev, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add, reverse=True)
-            ddl = rev + tl.where((t >= last)[:, None], gphi[None, :], 0.)
-            gphi = tl.where(last < 0, gphi, 0.) + tl.sum(tl.where((t < first)[:, None], dphi, 0.), axis=0)
-        else:
-            ddl = tl.cumsum(dphi, axis=0, reverse=True) + gphi[None, :]              # dL/dδ, δ = Δ·ω
-            gphi += tl.sum(dphi, axis=0)
-        tl.store(dom_ptr + t0 * H * S + xrow[:, None] * S + j[None, :], ddl * dt[:, None],
-                 mask=mt[:, None] & (j < S)[None, :])
-        om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :],   # ω again: cheaper
-                     mask=mt[:, None] & (j < S)[None, :], other=0.)                           # than holding it
-        tl.store(ddt_ptr + row * NJ + jb, tl.sum(ddl * om, axis=1), mask=mt)            # ω = 0 for j >= S
-        c -= 1
-    tl.store(dphi0_ptr + bh * S + j, gphi, mask=j < S)
+        dbe = tl.zeros((L, NH), tl.float32); dbo = tl.zeros((L, NH), tl.float32)   # the group's dB, dC pairs
+        dce = tl.zeros((L, NH), tl.float32); dco = tl.zeros((L, NH), tl.float32)
+        dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
+        for hh in range(HG):
+            ih = ig * HG + hh
+            row = (t0 + t) * H + ih
+            xrow = t * H + ih
+            phi, dt, _ = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
+                                       tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), S,
+                                       t, st, first, HAS_RST)
+            cs, sn = tl.cos(phi), tl.sin(phi)
+            # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
+            be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
+            be, bo = _rotate(be, bo, cs, sn)
+            ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
+            dphi = go * be - ge * bo
+            ge, go = ge * cs + go * sn, go * cs - ge * sn
+            dbe += ge; dbo += go
+            if HAS_BIAS:
+                _store_pairs(dbb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(ge, axis=0)[None, :],
+                             tl.sum(go, axis=0)[None, :], N, NH)
+            ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
+            ce, co = _rotate(ce, co, cs, sn)
+            ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
+            dphi += go * ce - ge * co
+            ge, go = ge * cs + go * sn, go * cs - ge * sn
+            dce += ge; dco += go
+            if HAS_BIAS:
+                _store_pairs(dcb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(ge, axis=0)[None, :],
+                             tl.sum(go, axis=0)[None, :], N, NH)
+            mine = (hr == hh)[:, None]
+            g_h = tl.sum(tl.where(mine, gphi, 0.), axis=0)                # this head's carry
+            if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens, and the carry out if in the last one
+                rev, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add,
+                                             reverse=True)
+                ddl = rev + tl.where((t >= last)[:, None], g_h[None, :], 0.)
+                g_h = tl.where(last < 0, g_h, 0.) + tl.sum(tl.where((t < first)[:, None], dphi, 0.), axis=0)
+            else:
+                ddl = tl.cumsum(dphi, axis=0, reverse=True) + g_h[None, :]          # dL/dδ, δ = Δ·ω
+                g_h += tl.sum(dphi, axis=0)
+            gphi = tl.where(mine, g_h[None, :], gphi)
+            if OM_SHARED:
+                dom_g += ddl * dt[:, None]
+            else:
+                tl.store(dom_ptr + t0 * H * S + xrow[:, None] * S + j[None, :], ddl * dt[:, None],
+                         mask=mt[:, None] & (j < S)[None, :])
+            om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :],  # ω again:
+                         mask=mt[:, None] & (j < S)[None, :], other=0.)                        # cheaper than holding it
+            tl.store(ddt_ptr + row * NJ + jb, tl.sum(ddl * om, axis=1), mask=mt)          # ω = 0 for j >= S
+        _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
+        _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
+        if OM_SHARED:
+            tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g,
+                     mask=mt[:, None] & (j < S)[None, :])
+    tl.store(dphi0_ptr + gph, gphi, mask=mj)
+
 
 # %% ../nbs/01_ssd_triton.ipynb #e49d6212
 KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the launch order: forward, then backward
@@ -532,6 +568,10 @@ _DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
 _DEFAULT_CONFIG[90]["fwd"].update(split=False)
 _DEFAULT_CONFIG[80]["bwd_chunk"].update(BN=16, split=True)
 _DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=64, split=False)
+# two stages where the main loops feed tensor-core dots from memory (the forward's chunk loop, the chunk backward's
+# loops over state tiles): the loads of the next iteration are issued (cp.async) while this one computes
+for _arch_cfg in _DEFAULT_CONFIG.values():
+    for _k in ("fwd", "bwd_chunk"): _arch_cfg[_k]["num_stages"] = 2
 
 def default_config(kind, arch=90, N=128):
     """Launch config of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later), d_state N:
@@ -567,9 +607,9 @@ def _launch_config(kind, N=128):
 # %% ../nbs/01_ssd_triton.ipynb #b3e8f215
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
 # N = 128 and 64, with and without resets, every launch (tests/test_ssd_triton.py compiles them all)
-_AUTOTUNE_MORE = {80: dict(rotate=[], fwd=[(8, 1, 16), (4, 2, 64)], bwd_state=[(4, 1)],
-                           bwd_chunk=[(8, 1, 32), (8, 2, 16), (8, 1, 64)], bwd_angle=[]),
-                  90: dict(rotate=[], fwd=[], bwd_state=[], bwd_chunk=[(8, 1, 32), (8, 2, 64), (8, 2, 32)],
+_AUTOTUNE_MORE = {80: dict(rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
+                           bwd_chunk=[(8, 1, 32), (8, 1, 16), (8, 1, 64)], bwd_angle=[]),
+                  90: dict(rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32), (8, 1, 64), (8, 2, 32)],
                            bwd_angle=[(4, 1)])}
 
 def autotune_configs(kind, arch=90, N=128):
@@ -653,21 +693,22 @@ def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional
             phit, phis, T, H, S, NC, OM_H, int(OM_H > 1), G, H // G,
             L=chunk_size, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_BIAS=Bb is not None,
             HAS_RST=rst is not None)
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)             # contiguous, whatever x's strides
     ht = torch.empty(b, H, P, N, **f32)
     split = _launch_config("fwd", N)["split"]
-    hs = torch.empty(b, H, NC, P, N, **f32) if store or split else torch.empty(0, **f32)   # H_in per chunk
+    hs = (torch.empty(b, H, NC, P, N, device=x.device, dtype=Bt.dtype) if store or split   # H_in per chunk, dot dtype
+          else torch.empty(0, **f32))
     flags = dict(L=chunk_size, P=P, N=N, HAS_RST=rst is not None, DOT_DTYPE=dot, PREC=precision)
     D_, h0_ = adt if D is None else D, adt if h0 is None else h0
     if split:                                                             # a state pass, then a chunk pass
         _launch(_ssd_fwd_state_kernel, "fwd", lambda meta: (H, b, N // meta["BN"]), x, Bt, adt, sig, h0_, rst_, ht, hs,
-                T, H, NC, **flags, HAS_H0=h0 is not None)
+                T, H, NC, *x.stride()[:2], **flags, HAS_H0=h0 is not None)
         _launch(_ssd_fwd_chunk_kernel, "fwd", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam, D_, hs, rst_, y,
-                T, H, NC, **flags, HAS_D=D is not None)
-        if not store: hs = torch.empty(0, **f32)
+                T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None)
+        if not store: hs = torch.empty(0, device=x.device, dtype=Bt.dtype)
     else:
         _launch(_ssd_fwd_kernel, "fwd", (H, b), x, Bt, Ct, cbd, adt, sig, gam, D_, h0_, rst_, y, ht,
-                hs if store else ht, T, H, NC, **flags, HAS_D=D is not None, HAS_H0=h0 is not None, STORE=store)
+                hs if store else ht, T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None, HAS_H0=h0 is not None, STORE=store)
     return y, ht, phit, Bt, Ct, cbd, hs, phis
 
 @triton_op("mamba3_lite::ssd_bwd", mutates_args=())
@@ -690,35 +731,45 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dsl, dh0 = torch.empty(b, H, NC, **f32), torch.empty(b, H, P, N, **f32)
     _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, hs, rst_, dy, dht, dhs, dsl, dh0, T, H,
             NC, **dots, HAS_RST=has_rst)
-    per_head = G == H and Bb is None                                     # else: per-head fp32, reduced below
-    out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
-    dB, dC = out(B), out(C)
-    gB, gC = (dB, dC) if om is None else (torch.empty(b, T, H, N, **f32) for _ in range(2))   # dB̃, dC̃
-    dx = torch.empty_like(x)
+    per_head = G == H and Bb is None
+    if om is None:                   # no rotation: the chunk kernel writes dB, dC (per-head fp32 where heads share)
+        out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
+        gB, gC = out(B), out(C)
+    else:                            # dB̃, dC̃ in the dot dtype, for the angle kernel
+        gB, gC = torch.empty_like(Ct), torch.empty_like(Ct)
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
     dD = torch.empty(b, H, NC, **f32)
     halves = ((True, False), (False, True)) if _launch_config("bwd_chunk", N)["split"] else ((True, True),)
     for do_x, do_bc in halves:
         _launch(_ssd_bwd_chunk_kernel, "bwd_chunk", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam,
-                adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC, **dots,
+                adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC,
+                *x.stride()[:2], **dots,
                 DO_X=do_x, DO_BC=do_bc, HAS_D=D is not None, HAS_RST=has_rst)
     dom, ddt, dphi0 = none(), none(), none()
-    if om is not None:
-        JB = min(max(N // 2, 16), 32)                                    # pairs per program: what fits in registers
+    dBb, dCb = none(), none()
+    if om is None:
+        dB, dC = gB, gC
+        if Bb is not None: dBb, dCb = dB.sum((0, 1)).to(Bb.dtype), dC.sum((0, 1)).to(Cb.dtype)   # (H, N)
+        if not per_head:                                                 # heads -> their group
+            dB = dB.view(b, T, G, H // G, N).sum(3).to(B.dtype)
+            dC = dC.view(b, T, G, H // G, N).sum(3).to(C.dtype)
+    else:                            # the angle kernel sums over the heads of each group, on chip
+        JB = 16                                                          # pairs per program: what fits in registers
         NJ = max(N // 2, 16) // JB
-        dom, ddt = torch.empty(b, T, H, S, **f32), torch.empty(b, T, H, NJ, **f32)   # dΔ: one sum per pair block
+        dB, dC = torch.empty_like(B), torch.empty_like(C)
+        dom = torch.empty(b, T, G if OM_H == 1 else H, S, **f32)        # shared ω: summed over the group's heads
+        ddt = torch.empty(b, T, H, NJ, **f32)                            # dΔ: one sum per pair block
         dphi0 = torch.empty(b, H, S, **f32)
-        _launch(_ssd_bwd_angle_kernel, "bwd_angle", (H, b, NJ), B, C, adt if Bb is None else Bb,
-                adt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dphit, dB, dC, dom, ddt, dphi0,
-                T, H, S, NC, OM_H, int(OM_H > 1), G, H // G, L=chunk_size, N=N, NH=JB, HAS_BIAS=Bb is not None,
-                HAS_RST=has_rst)
+        pb = (lambda: torch.empty(b, NC, H, N, **f32)) if Bb is not None else none   # bias sums per chunk and head
+        pB, pC = pb(), pb()
+        _launch(_ssd_bwd_angle_kernel, "bwd_angle", (G, b, NJ), B, C, adt if Bb is None else Bb,
+                adt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dphit, dB, dC, pB, pC, dom, ddt, dphi0,
+                T, H, S, NC, OM_H, int(OM_H > 1), G, L=chunk_size, N=N, NH=JB, HG=H // G,
+                HGP=triton.next_power_of_2(H // G), OM_SHARED=OM_H == 1, HAS_BIAS=Bb is not None, HAS_RST=has_rst)
         ddt = ddt.sum(-1)
-        if OM_H == 1: dom = dom.sum(2, keepdim=True)                     # ω shared by the heads
-    dBb = none() if Bb is None else dB.sum((0, 1)).to(Bb.dtype)            # (H, N)
-    dCb = none() if Cb is None else dC.sum((0, 1)).to(Cb.dtype)
-    if not per_head:                                                     # heads -> their group
-        dB = dB.view(b, T, G, H // G, N).sum(3).to(B.dtype)
-        dC = dC.view(b, T, G, H // G, N).sum(3).to(C.dtype)
+        if OM_H == 1 and G > 1: dom = dom.sum(2, keepdim=True)           # ω shared by all heads
+        if Bb is not None: dBb, dCb = pB.sum((0, 1)).to(Bb.dtype), pC.sum((0, 1)).to(Cb.dtype)
     return (dx, dB, dC, dBb, dCb, dadt, dsig, dgam, dom, ddt, none() if D is None else dD.sum((0, 2)).to(D.dtype),
             dh0, dphi0)
 
@@ -727,6 +778,7 @@ def _ssd_setup(ctx, inputs, output):
     y, ht, phit, Bt, Ct, cbd, hs, phis = output
     ctx.save_for_backward(x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis, rst)
     ctx.cfg = (chunk_size, precision, h0 is not None, phi0 is not None)
+    ctx.set_materialize_grads(False)   # no zero gradients for the outputs only the backward reads (B̃, C̃, states)
 
 def _ssd_backward(ctx, dy, dht, dphit, *_):
     "The Triton backward; it builds no graph, so a double backward raises instead of silently returning zeros."
@@ -735,7 +787,7 @@ def _ssd_backward(ctx, dy, dht, dphit, *_):
     if hs.numel() == 0: raise RuntimeError("ssd_triton: no states were stored for the backward (called under no_grad?)")
     b, T, H, P = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
-    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+    dy = torch.zeros(x.shape, device=x.device, dtype=x.dtype) if dy is None else dy.contiguous()
     dht = torch.zeros(b, H, P, B.shape[-1], **f32) if dht is None else dht.float().contiguous()
     dphit = (torch.zeros(b, H, 0 if om is None else om.shape[-1], **f32) if dphit is None
              else dphit.float().contiguous())
@@ -825,7 +877,8 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     store = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ins)
     prec = precision if x.dtype == torch.float32 else "ieee"              # input_precision only means something for fp32
     bias = lambda t: None if t is None else t.float().contiguous()
-    y, ht, phit, *_ = torch.ops.mamba3_lite.ssd_fwd(x.contiguous(), B.contiguous(), C.contiguous(), bias(B_bias),
+    rows = x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous()   # batch, token strides: any
+    y, ht, phit, *_ = torch.ops.mamba3_lite.ssd_fwd(rows, B.contiguous(), C.contiguous(), bias(B_bias),
                                                     bias(C_bias), adt, sig, gam, om, dt.float().contiguous(), Df, h0,
                                                     phi0, None if rst is None else rst.to(torch.int32).contiguous(),
                                                     chunk_size, prec, store)

@@ -42,8 +42,8 @@ def test_per_head_theta_and_per_head_A():
 
 
 def test_angle_kernel_pair_blocks():
-    """N = 128 has 64 pairs: the angle kernel splits them into two programs of 32, each carrying its own angle
-    gradient and summing its share of dΔ. 40 angles put rotated pairs in both blocks."""
+    """N = 128 has 64 pairs: the angle kernel splits them into four programs of 16, each carrying its own angle
+    gradient and summing its share of dΔ. 40 angles put rotated pairs in three of the four blocks."""
     kw, state = ssd_case(37, 40, True, seed=77, P=16, N=128)
     assert_grads_close(ssd_grads(ssd_triton, kw, state, chunk_size=16), ssd_grads(ssd_chunked, kw, state, chunk_size=16),
                        1e-3)
@@ -91,6 +91,24 @@ def test_shared_bc_groups_and_bias(G, bias):
     y_ref, st_ref = reference(**shared, initial_state=state, chunk_size=16)
     assert nmax(y, y_ref) <= 1e-4 and nmax(st.k, st_ref.k) <= 1e-4 and nmax(st.h, st_ref.h) <= 1e-4
     assert_grads_close(ssd_grads(ssd_triton, shared, state, chunk_size=16), ssd_grads(reference, shared, state, chunk_size=16), 1e-3)
+
+
+def test_x_as_a_strided_view_gives_the_same_run():
+    """x as the block hands it over, a view of its in-projection (batch and token strides of a wider row): the kernels
+    read it in place, and y, the final states and dx equal those of the contiguous copy exactly."""
+    kw, state = ssd_case(37, 4, True, seed=17)
+    b, T, H, P = kw["x"].shape
+    wide = torch.randn(b, T, H * P + 24)
+    wide[..., 8:8 + H * P] = kw["x"].reshape(b, T, H * P)
+    wide.requires_grad_(True)
+    x_view, x_copy = wide[..., 8:8 + H * P].view(b, T, H, P), kw["x"].clone().requires_grad_(True)
+    assert not x_view.is_contiguous()
+    (y, st), (y_c, st_c) = (ssd_triton(**dict(kw, x=x), initial_state=state, chunk_size=16) for x in (x_view, x_copy))
+    assert torch.equal(y, y_c) and all(torch.equal(a, r) for a, r in zip(st, st_c))
+    dy = torch.randn(y.shape)
+    (y * dy).sum().backward()
+    (y_c * dy).sum().backward()
+    assert torch.equal(wide.grad[..., 8:8 + H * P].view(b, T, H, P), x_copy.grad)
 
 
 def test_no_grad_inference_matches():
@@ -182,6 +200,20 @@ def test_default_and_autotune_configs_do_not_spill(autotune_table, arch, N, kern
         (c["num_warps"], c["num_stages"], c.get("BN"), h) for c in configs for h in halves]
     for r in rows:
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+
+
+@pytest.mark.parametrize("arch,N,resets", [(arch, 128, rst) for arch in (80, 90) for rst in (False, True)])
+def test_main_loops_of_the_forward_and_chunk_backward_are_pipelined(autotune_table, arch, N, resets):
+    """At their default configs and the 434M model's N = 128, the forward's chunk loop (sm_90: the fused scan; sm_80:
+    the state pass and the chunk pass) and the chunk backward's loops over state tiles (every launch) load through
+    cp.async or TMA: a `for` over `tl.range` at two stages, which the compiler software-pipelines (a `while` loop it
+    does not). At N = 64 a state-tile loop of BN = 64 columns runs once, with nothing to overlap."""
+    for kernel in ("fwd", "bwd_chunk"):
+        stages = default_config(kernel, arch, N)["num_stages"]
+        rows = [r for r in autotune_table[(arch, N, kernel, resets)] if r["num_stages"] == stages][:2]
+        assert stages >= 2 and rows, (kernel, stages)
+        for r in rows:
+            assert r["stages"] == stages and r["cp_async"] + r["tma"] > 0, r
 
 
 @pytest.mark.parametrize("arch", [80, 90])
@@ -350,7 +382,7 @@ def test_document_resets_match_ssd_chunked(T, starts, S, init):
 
 
 def test_document_resets_with_shared_bc_and_pair_blocks():
-    """Resets with shared B/C + per-head biases (G = 1 group, H = 2 heads) and N = 128 (two angle pair blocks of 32):
+    """Resets with shared B/C + per-head biases (G = 1 group, H = 2 heads) and N = 128 (four angle pair blocks of 16):
     every gradient against `ssd_chunked` on the per-head B + B_bias, C + C_bias with the same seq_idx."""
     kw, state = ssd_case(37, 40, True, seed=91, P=16, N=128)
     g = torch.Generator().manual_seed(91)

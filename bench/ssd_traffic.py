@@ -1,0 +1,249 @@
+"""Count the global-memory traffic of the Triton SSD, per kernel launch and phase, without a GPU.
+
+The kernels of `mamba3_lite.ssd_triton` run under the Triton interpreter with every global load and store counted
+at the one place all of them pass through (`triton.runtime.interpreter.interpreter_builder`: `create_masked_load` /
+`create_masked_store`, which the plain, block-pointer and descriptor loads and stores all call; atomics count as a
+read and a write). A row's bytes are the bytes the programs touch: active lanes x element size, masked-off lanes
+excluded. Re-reads count each time (e.g. a B/C row shared by the heads of a group is read once per head), so this
+is an upper bound on DRAM traffic; `unique` is the size of the set of distinct addresses (the compulsory traffic).
+The PyTorch ops the wrapper runs around the kernels (casts, copies, reductions, the scan scalars and their
+autograd) are counted from their tensors' sizes: inputs read, outputs written (views and `empty` move nothing).
+
+The operands travel in the dtype a GPU launch uses (bf16 dots: the interpreter's own fp32 upcast is turned off
+here; only bytes are counted, the values are not checked). Every count is a sum of terms that are products of
+subsets of (b, T, H) (T a multiple of the chunk), so counting the 8 corners of a box of two sizes of each fixes
+it; a 9th count at other sizes checks the fit exactly; the 434M shape is then read off the fit.
+
+The official Mamba-3 SISO kernels (https://github.com/state-spaces/mamba, `mamba_ssm/ops/triton/mamba3/`) cannot be
+counted this way: they compute sin, cos, sigmoid and tanh with inline PTX (`tl.inline_asm_elementwise`), which the
+interpreter does not execute.
+
+    python bench/ssd_traffic.py                       # b16 T2048 H32 P64 N128, bf16, shared B/C + biases, sm_90 launches
+    python bench/ssd_traffic.py --arch 80 --json /tmp/traffic.json
+"""
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import sys
+from collections import defaultdict
+
+os.environ["TRITON_INTERPRET"] = "1"          # before any kernel module is imported
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton.runtime.interpreter as interp  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import mamba3_lite.ssd_triton as st  # noqa: E402
+
+NO_DATA = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh",
+           "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size"}
+
+
+class Traffic:
+    """Bytes read and written per (name, phase): `launch(name)` attributes the interpreter's global accesses to a
+    kernel; outside launches, `torch_ops()` attributes every aten op to "torch:<op>"; `phase` is set by the caller."""
+
+    def __init__(self):
+        self.rows = defaultdict(lambda: dict(read=0, write=0, launches=0))
+        self.addrs = defaultdict(lambda: dict(read=[], write=[]))
+        self.current, self.phase = None, "fwd"
+
+    def _count(self, kind, ptrs, mask, dtype_tt):
+        if self.current is None: return
+        size = np.dtype(interp._get_np_dtype(dtype_tt)).itemsize
+        on = np.broadcast_to(np.asarray(mask), np.shape(ptrs)).astype(bool)
+        self.rows[(self.current, self.phase)][kind] += int(np.count_nonzero(on)) * size
+        a = np.asarray(ptrs)[on].astype(np.uint64)
+        self.addrs[(self.current, self.phase)][kind].append((a[:, None] + np.arange(size, dtype=np.uint64)).ravel())
+
+    @contextlib.contextmanager
+    def installed(self):
+        "Wrap the interpreter's global loads, stores and atomics for the duration of the block."
+        b = interp.interpreter_builder
+        names = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")
+        orig = {n: getattr(b, n) for n in names}
+
+        def load(ptrs, mask, *a, **k):
+            self._count("read", ptrs.data, mask.data, ptrs.get_element_ty())
+            return orig["create_masked_load"](ptrs, mask, *a, **k)
+
+        def store(ptrs, value, mask, *a, **k):
+            self._count("write", ptrs.data, mask.data, ptrs.get_element_ty())
+            return orig["create_masked_store"](ptrs, value, mask, *a, **k)
+
+        def rmw(op, ptr, val, mask, *a, **k):
+            for kind in ("read", "write"): self._count(kind, ptr.data, mask.data, ptr.get_element_ty())
+            return orig["create_atomic_rmw"](op, ptr, val, mask, *a, **k)
+
+        def cas(ptr, cmp, val, *a, **k):
+            for kind in ("read", "write"): self._count(kind, ptr.data, True, ptr.get_element_ty())
+            return orig["create_atomic_cas"](ptr, cmp, val, *a, **k)
+
+        for n, f in zip(names, (load, store, rmw, cas)): setattr(b, n, f)
+        try:
+            yield self
+        finally:
+            for n in names: delattr(b, n)            # back to the class's methods
+
+    @contextlib.contextmanager
+    def launch(self, name):
+        "Attribute the global accesses inside the block to kernel `name` (one launch)."
+        prev, self.current = self.current, name
+        self.rows[(name, self.phase)]["launches"] += 1
+        try:
+            yield
+        finally:
+            self.current = prev
+
+    def torch_ops(self):
+        "A dispatch mode that counts every aten op outside a launch as 'torch:<op>': inputs read, outputs written."
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                if func.namespace == "mamba3_lite":          # a triton_op: count what its body runs, inside
+                    with outer.torch_ops():
+                        return OPS[name]._init_fn(*args, **(kwargs or {}))
+                out = func(*args, **(kwargs or {}))
+                if outer.current is None and name not in NO_DATA and not func.is_view:
+                    ins = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+                    outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+                    mut = name.endswith("_") or name in ("copy_", "fill_", "zero_")
+                    read = sum(t.numel() * t.element_size() for t in ins[(1 if mut else 0):] if name not in
+                               ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "fill_", "zero_"))
+                    write = sum(t.numel() * t.element_size() for t in (ins[:1] if mut else outs))
+                    r = outer.rows[(f"torch:{name}", outer.phase)]
+                    r["read"] += read; r["write"] += write; r["launches"] += 1
+                return out
+        return Mode()
+
+    def unique(self, key, kind):
+        "Distinct bytes read or written by `key`'s launches."
+        parts = self.addrs[key][kind]
+        return int(np.unique(np.concatenate(parts)).size) if parts else 0
+
+
+OPS = {"ssd_fwd": st._ssd_fwd, "ssd_bwd": st._ssd_bwd}
+KERNEL_NAMES = {"_ssd_rotate_kernel": "rotate", "_ssd_fwd_kernel": "fwd", "_ssd_fwd_state_kernel": "fwd.state",
+                "_ssd_fwd_chunk_kernel": "fwd.chunk", "_ssd_bwd_state_kernel": "bwd_state",
+                "_ssd_bwd_chunk_kernel": "bwd_chunk", "_ssd_bwd_angle_kernel": "bwd_angle"}
+
+
+def layer_inputs(b, T, H, P, N, S, dtype, seed=0):
+    """A 434M-style SSD call: x (a strided view, as the block's split of its in-projection hands it over), shared B/C
+    (one group) in `dtype`, per-head fp32 biases, shared angles θ (b, T, S)."""
+    g = torch.Generator().manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, generator=g)
+    x = rn(b, T, (H + 1) * P).to(dtype)[..., :H * P].view(b, T, H, P)     # a view of the block's in-projection
+    return dict(x=x, dt=torch.rand(b, T, H, generator=g) * 0.1 + 1e-3,
+                A=-1 - 15 * torch.rand(b, T, H, generator=g), B=rn(b, T, 1, N).to(dtype), C=rn(b, T, 1, N).to(dtype),
+                lam=torch.rand(b, T, H, generator=g), theta=rn(b, T, S), D=rn(H), B_bias=rn(H, N), C_bias=rn(H, N))
+
+
+def count(b, T, H, P=64, N=128, S=32, L=64, dtype=torch.bfloat16, arch=90, unique=False):
+    """{(name, phase): dict(read, write[, read_unique, write_unique], launches)} of one forward and one backward of
+    `ssd_triton` at this shape, with the launches `arch` makes."""
+    tr = Traffic()
+    kw = {k: v.requires_grad_(True) for k, v in layer_inputs(b, T, H, P, N, S, dtype).items()}
+    dy = torch.randn(b, T, H, P).to(dtype)
+    real_launch, real_cfg, real_dot = st._launch, st._launch_config, st._dot_dtype
+
+    def launch(kernel, kind, *a, **meta):
+        with tr.launch(KERNEL_NAMES[kernel.fn.__name__]):
+            real_launch(kernel, kind, *a, **meta)
+
+    st._launch = launch
+    st._launch_config = lambda kind, N=128: st.default_config(kind, arch, N)
+    st._dot_dtype = lambda d: st._TL_DTYPES[d]                 # bf16 operands, as on a GPU
+    try:
+        with tr.installed(), tr.torch_ops():
+            y, _ = st.ssd_triton(**kw, chunk_size=L)
+            tr.phase = "bwd"
+            y.backward(dy)
+    finally:
+        st._launch, st._launch_config, st._dot_dtype = real_launch, real_cfg, real_dot
+    out = {}
+    for key, r in tr.rows.items():
+        out[key] = dict(read=r["read"], write=r["write"], launches=r["launches"])
+        if unique and not key[0].startswith("torch:"):
+            out[key].update(read_unique=tr.unique(key, "read"), write_unique=tr.unique(key, "write"))
+    return out
+
+
+def multilinear_fit(counts, sizes):
+    """Coefficients c_S of Σ_S c_S Π_{d in S} d over the subsets S of (b, T, H), exact from the counts at the 8
+    corners `sizes` = ((b0, b1), (T0, T1), (H0, H1)) (a dict keyed by the (b, T, H) tuples)."""
+    corners = list(itertools.product(*sizes))
+    subsets = list(itertools.product((0, 1), repeat=3))
+    A = np.array([[np.prod([c[i] if s[i] else 1 for i in range(3)]) for s in subsets] for c in corners], dtype=np.float64)
+    y = np.array([counts[c] for c in corners], dtype=np.float64)
+    return subsets, np.linalg.solve(A, y)
+
+
+def evaluate(fit, shape):
+    "The fitted count at (b, T, H)."
+    subsets, coef = fit
+    return float(sum(c * np.prod([shape[i] if s[i] else 1 for i in range(3)]) for s, c in zip(subsets, coef)))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", type=int, nargs=3, default=[16, 2048, 32], metavar=("B", "T", "H"),
+                   help="the shape to extrapolate to (default: the 434M layer)")
+    p.add_argument("--P", type=int, default=64)
+    p.add_argument("--N", type=int, default=128)
+    p.add_argument("--S", type=int, default=32)
+    p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--arch", type=int, default=90, choices=[80, 90], help="whose launch configs (splits) to count")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the rows at --shape as JSON")
+    a = p.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    L = a.chunk
+    sizes = ((1, 2), (2 * L, 4 * L), (1, 2))
+    check = (3, 3 * L, 3)
+    dims = dict(P=a.P, N=a.N, S=a.S, L=L, dtype=dtype, arch=a.arch)
+    counted = {c: count(*c, **dims, unique=True) for c in itertools.product(*sizes)}
+    counted[check] = count(*check, **dims, unique=True)
+    keys = sorted({k for c in counted.values() for k in c}, key=lambda k: (k[1] != "fwd", k[0].startswith("torch:"), k[0]))
+    rows, worst = [], 0.
+    for key in keys:
+        row = dict(kernel=key[0], phase=key[1])
+        for field in ("read", "write") + (() if key[0].startswith("torch:") else ("read_unique", "write_unique")):
+            fit = multilinear_fit({c: v.get(key, {}).get(field, 0) for c, v in counted.items()}, sizes)
+            got, want = evaluate(fit, check), counted[check].get(key, {}).get(field, 0)
+            worst = max(worst, abs(got - want))
+            row[f"{field}_bytes"] = round(evaluate(fit, a.shape))
+        rows.append(row)
+    if worst > 0.5:
+        print(f"ssd_traffic: the counts are not multilinear in (b, T, H): off by {worst:.0f} B at {check}", file=sys.stderr)
+        return 1
+    fwd = sum(r["read_bytes"] + r["write_bytes"] for r in rows if r["phase"] == "fwd")
+    bwd = sum(r["read_bytes"] + r["write_bytes"] for r in rows if r["phase"] == "bwd")
+    b, T, H = a.shape
+    print(f"counted at {len(counted)} shapes (b, T, H) in {sizes}; the fit reproduces the count at {check} exactly")
+    print(f"per layer at b{b} T{T} H{H} P{a.P} N{a.N} S{a.S}, chunk {L}, {a.dtype}, shared B/C + biases, "
+          f"sm_{a.arch} launches; GB = 1e9 bytes")
+    print(f"{'kernel':24} {'phase':5} {'read GB':>8} {'write GB':>8} {'total GB':>8} {'unique rd/wr GB':>16}")
+    for r in rows:
+        tot = r["read_bytes"] + r["write_bytes"]
+        uniq = (f"{r['read_unique_bytes'] / 1e9:8.3f}/{r['write_unique_bytes'] / 1e9:.3f}"
+                if "read_unique_bytes" in r else "")
+        if tot: print(f"{r['kernel']:24} {r['phase']:5} {r['read_bytes'] / 1e9:8.3f} {r['write_bytes'] / 1e9:8.3f} "
+                      f"{tot / 1e9:8.3f} {uniq:>16}")
+    print(f"{'total':24} {'fwd':5} {'':8} {'':8} {fwd / 1e9:8.3f}")
+    print(f"{'total':24} {'fwd+bwd':5} {'':8} {'':8} {(fwd + bwd) / 1e9:8.3f}")
+    rows += [dict(kernel="total", phase="fwd", bytes=fwd), dict(kernel="total", phase="fwd+bwd", bytes=fwd + bwd)]
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(shape=dict(b=b, T=T, H=H, P=a.P, N=a.N, S=a.S, chunk=L), dtype=a.dtype, arch=a.arch,
+                           rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

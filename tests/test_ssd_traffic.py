@@ -1,0 +1,74 @@
+"""bench/ssd_traffic.py's counter on a toy kernel whose global traffic is known exactly, its count of PyTorch ops,
+and the exactness of its (b, T, H) fit."""
+import importlib.util
+import itertools
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+spec = importlib.util.spec_from_file_location("ssd_traffic", Path(__file__).resolve().parent.parent / "bench" / "ssd_traffic.py")
+traffic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(traffic)
+
+
+@triton.jit
+def _toy(x_ptr, s_ptr, y_ptr, acc_ptr, n, BLOCK: tl.constexpr):
+    "y = fp16(x · s) over n elements in blocks; each program also adds 1 to one fp32 counter."
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    s = tl.load(s_ptr)                                      # one int32, read by every program
+    x = tl.load(x_ptr + offs, mask=m, other=0.)
+    tl.store(y_ptr + offs, (x * s).to(tl.float16), mask=m)
+    tl.atomic_add(acc_ptr, 1.0)
+
+
+def test_counter_counts_active_lanes_and_rereads_of_a_toy_kernel():
+    """100 fp32 in 2 blocks of 64 (28 lanes masked off), 100 fp16 out, one int32 scale read by both programs and one
+    fp32 atomic per program: read 400 + 2·4 + 2·4 B, written 200 + 2·4 B; distinct bytes read 400 + 4 + 4."""
+    x, s = torch.randn(100), torch.tensor([3], dtype=torch.int32)
+    y, acc = torch.empty(100, dtype=torch.float16), torch.zeros(1)
+    tr = traffic.Traffic()
+    with tr.installed():
+        with tr.launch("toy"):
+            _toy[(2,)](x, s, y, acc, 100, BLOCK=64)
+        _toy[(2,)](x, s, y, acc, 100, BLOCK=64)             # outside a launch: not counted
+    r = tr.rows[("toy", "fwd")]
+    assert (r["read"], r["write"], r["launches"]) == (416, 208, 1), dict(r)
+    assert tr.unique(("toy", "fwd"), "read") == 408 and tr.unique(("toy", "fwd"), "write") == 204
+    assert torch.equal(y, (x * 3).half()) and acc.item() == 4.0
+    assert traffic.interp.interpreter_builder.create_masked_load.__self__ is traffic.interp.interpreter_builder
+
+
+def test_torch_ops_count_tensor_sizes_and_skip_views():
+    a, b = torch.randn(10), torch.randn(10)
+    tr = traffic.Traffic()
+    with tr.torch_ops():
+        c = a + b                          # 80 B read, 40 written
+        c.view(2, 5).sum(1)                # the view moves nothing; the sum reads 40 B, writes 8
+        torch.empty(1000)                  # nothing
+    assert dict(tr.rows[("torch:add", "fwd")]) == dict(read=80, write=40, launches=1)
+    assert dict(tr.rows[("torch:sum", "fwd")]) == dict(read=40, write=8, launches=1)
+    assert set(k for k, _ in tr.rows) == {"torch:add", "torch:sum"}
+
+
+def test_multilinear_fit_is_exact_and_extrapolates():
+    poly = lambda b, T, H: 7 + 3 * b + 5 * T * H + 11 * b * T * H + 2 * b * H
+    sizes = ((1, 2), (128, 256), (1, 2))
+    fit = traffic.multilinear_fit({c: poly(*c) for c in itertools.product(*sizes)}, sizes)
+    assert round(traffic.evaluate(fit, (16, 2048, 32))) == poly(16, 2048, 32)
+    assert round(traffic.evaluate(fit, (3, 192, 3))) == poly(3, 192, 3)
+
+
+def test_the_op_reads_x_in_place_stores_bf16_states_and_reduces_heads_on_chip():
+    """At b1 T128 H2 (P64 N128 S32, chunk 64, bf16 operands as on a GPU, shared B/C + biases): x, a strided view of
+    the in-projection, is read in place (no copy of its b·T·H·P elements); the fused forward writes y, the per-chunk states in bf16 and the
+    final fp32 state, nothing else; the backward materialises no zero gradients for the outputs only it reads (its
+    only zeros are the absent dL/dH_T and dL/dΦ_T), and PyTorch sums no per-head fp32 dB, dC over heads."""
+    b, T, H, P, N, S, L = 1, 128, 2, 64, 128, 32, 64
+    c = traffic.count(b, T, H)
+    assert c.get(("torch:clone", "fwd"), {}).get("read", 0) < b * T * H * P * 2, c.get(("torch:clone", "fwd"))
+    assert c[("fwd", "fwd")]["write"] == b * T * H * P * 2 + b * H * (T // L) * P * N * 2 + b * H * P * N * 4
+    assert c[("torch:zeros", "bwd")]["write"] == b * H * P * N * 4 + b * H * S * 4
+    assert c[("torch:sum", "bwd")]["read"] < b * T * H * N * 4, c[("torch:sum", "bwd")]
