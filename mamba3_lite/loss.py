@@ -19,7 +19,7 @@ def full_lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int 
     return F.cross_entropy(fp32(logits).reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=ignore_index)
 
 # %% ../nbs/03a_loss.ipynb #4df140a4
-LOSS_CHUNK_BYTES = {"cpu": 8 * 2**20, "cuda": 512 * 2**20}   # bytes of one fp32 (chunk, V) block
+LOSS_CHUNK_BYTES = {"cpu": 32 * 2**20, "cuda": 512 * 2**20}   # bytes of one fp32 (chunk, V) block
 
 
 def loss_chunk_tokens(vocab_size: int, device_type: str = "cpu") -> int:
@@ -38,11 +38,10 @@ def _loss_chunks(h, weight, targets, chunk: int, dtype, ignore_index: int, grads
     grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if grads else None
     for s in range(0, h.shape[0], chunk):
         hc, tc, vc = h[s:s + chunk].to(dtype), targets[s:s + chunk].clamp_min(0), valid[s:s + chunk]
-        logits = (hc @ w.T).to(acc)
-        lse = torch.logsumexp(logits, -1)
-        total += torch.where(vc, lse - logits.gather(1, tc[:, None])[:, 0], 0).sum()
+        logp = torch.log_softmax((hc @ w.T).to(acc), -1)
+        total -= torch.where(vc, logp.gather(1, tc[:, None])[:, 0], 0).sum()
         if grads:
-            g = logits.sub_(lse[:, None]).exp_()                  # softmax, in place
+            g = logp.exp_()                                       # softmax, in place
             g[torch.arange(tc.shape[0], device=h.device), tc] -= 1
             g = g.mul_((vc / n_valid)[:, None]).to(dtype)        # G = (P - Y) / n, ignored rows 0
             grad_h[s:s + chunk] = g @ w
