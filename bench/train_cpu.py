@@ -7,13 +7,15 @@ every variant alike. Each worker's peak RSS (`ru_maxrss`) is that variant's alon
 - `step/full`: forward, cross-entropy of the materialised (b, T, V) logits, backward, clip, AdamW;
 - `step/chunked`: the same with `chunked_lm_loss` (what `mamba3-lite train` runs);
 - `backbone`: the same without the head and the loss (mean of the squared final hidden states): the sequence mixer's
-  share of the step.
+  share of the step;
+- `step/compiled` (Mamba only, with `--compile`): `step/chunked` through `torch.compile(model)` in the mode CPU
+  training uses (`default`), as `training.compile_on_cpu: true` runs it; its first step is the compile.
 
 The GPT is plain PyTorch (`scaled_dot_product_attention`, GELU MLP, learned positions, tied head), its depth chosen
 so that its parameter count is the closest to the Mamba model's; both see the same tokens, fp32, the same AdamW.
 Times are process CPU seconds per step (wall seconds beside them): medians over rounds, [min-max].
 
-    python bench/train_cpu.py [--batch 16] [--seq-len 128] [--rounds 7] [--steps 2] [--threads 1,2] [--out FILE]
+    python bench/train_cpu.py [--batch 16] [--seq-len 128] [--rounds 7] [--steps 2] [--threads 1,2] [--compile] [--out FILE]
 """
 import argparse
 import datetime
@@ -107,21 +109,29 @@ def worker(conn, model_name, variant, threads, a):
     opt = build_optimizer(model, LoopConfig(lr=1e-3, weight_decay=0.1))
     g = torch.Generator().manual_seed(0)
     data = [torch.randint(0, weight.shape[0], (a.batch, a.seq_len + 1), generator=g) for _ in range(4)]
-    loss_fn, i = LOSSES[variant], 0
+    i = 0
+    if variant == "step/compiled":
+        compiled = torch.compile(model, mode="default")
+        loss_of = lambda x, y: compiled(x, targets=y, return_logits=False).loss
+    else:
+        loss_of = lambda x, y: LOSSES[variant](hidden(x), weight, y)
 
     def step():
         nonlocal i
         w = data[i % len(data)]; i += 1
-        loss = loss_fn(hidden(w[:, :-1]), weight, w[:, 1:])
+        loss = loss_of(w[:, :-1], w[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         assert math.isfinite(loss.item())
 
-    for _ in range(a.warmup):
+    c0 = time.process_time()
+    step()
+    first = time.process_time() - c0
+    for _ in range(a.warmup - 1):
         step()
-    conn.send({"params": n_params(model), "rss_import_kib": rss0})
+    conn.send({"params": n_params(model), "rss_import_kib": rss0, "first_step_cpu_s": first})
     while conn.recv() == "run":
         c0, w0 = time.process_time(), time.perf_counter()
         for _ in range(a.steps):
@@ -144,6 +154,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (default: 2)")
     p.add_argument("--threads", default="1", help="comma-separated torch thread counts, each a set of variants (default: 1)")
     p.add_argument("--variants", default=",".join(LOSSES), help=f"subset of {','.join(LOSSES)}")
+    p.add_argument("--compile", action="store_true", help="add the compiled Mamba step at the first thread count")
     p.add_argument("--out", default=None, help="results JSON (default: bench/results/train_cpu_<UTC date>.json)")
     a = p.parse_args(argv)
     threads = [int(t) for t in a.threads.split(",")]
@@ -158,6 +169,11 @@ def main(argv=None):
                 proc = ctx.Process(target=worker, args=(there, m, v, t, a), daemon=True)
                 proc.start()
                 workers[(m, v, t)] = (proc, here, here.recv())   # built and warmed up one at a time
+    if a.compile:
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=worker, args=(there, "mamba3", "step/compiled", threads[0], a), daemon=True)
+        proc.start()
+        workers[("mamba3", "step/compiled", threads[0])] = (proc, here, here.recv())
     times = {k: ([], []) for k in workers}
     for _ in range(a.rounds):
         for k, (_, conn, _) in workers.items():
@@ -172,6 +188,7 @@ def main(argv=None):
         m, v, t = k
         rows.append({"model": m, "variant": v, "threads": t, "params": info["params"], "cpu_s_per_step": med(times[k][0]),
                      "wall_s_per_step": med(times[k][1]), "peak_rss_mib": rss / 1024,
+                     "first_step_cpu_s": info["first_step_cpu_s"],
                      "rss_after_import_mib": info["rss_import_kib"] / 1024})
     load1 = os.getloadavg()
     cores = physical_cores()
@@ -191,6 +208,13 @@ def main(argv=None):
         for m in ("mamba3", "gpt"):
             for v in variants:
                 ratios[f"{m} {v} wall, {t}/{threads[0]} threads"] = wall(m, v, t) / wall(m, v, threads[0])
+    if a.compile:
+        t = threads[0]
+        eager, comp = cpu("mamba3", "step/chunked", t), cpu("mamba3", "step/compiled", t)
+        cost = by[("mamba3", "step/compiled", t)]["first_step_cpu_s"] - comp
+        ratios[f"mamba3 compiled/eager cpu, {t} thread(s)"] = comp / eager
+        ratios["mamba3 compile cost, CPU s (first step - steady step)"] = cost
+        ratios["mamba3 compile break-even, steps"] = cost / (eager - comp) if eager > comp else float("inf")
     machine = {"cpu": platform.processor() or platform.machine(), "physical_cores": cores,
                "logical_cpus": os.cpu_count(), "load_average_1min_start": load0[0], "load_average_1min_end": load1[0],
                "shared": max(load0[0], load1[0]) > cores, "torch": torch.__version__}
