@@ -25,7 +25,9 @@ import multiprocessing as mp
 import os
 import platform
 import resource
+import signal
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -132,12 +134,15 @@ def worker(conn, model_name, variant, threads, a):
     for _ in range(a.warmup - 1):
         step()
     conn.send({"params": n_params(model), "rss_import_kib": rss0, "first_step_cpu_s": first})
-    while conn.recv() == "run":
-        c0, w0 = time.process_time(), time.perf_counter()
-        for _ in range(a.steps):
-            step()
-        conn.send(((time.process_time() - c0) / a.steps, (time.perf_counter() - w0) / a.steps))
-    conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    try:
+        while conn.recv() == "run":
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(a.steps):
+                step()
+            conn.send(((time.process_time() - c0) / a.steps, (time.perf_counter() - w0) / a.steps))
+        conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    except EOFError:   # the driver is gone
+        pass
 
 
 def med(xs):
@@ -154,16 +159,26 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (default: 2)")
     p.add_argument("--threads", default="1", help="comma-separated torch thread counts, each a set of variants (default: 1)")
     p.add_argument("--variants", default=",".join(LOSSES), help=f"subset of {','.join(LOSSES)}")
+    p.add_argument("--models", default="mamba3,gpt", help="subset of mamba3,gpt (the ratios need both)")
     p.add_argument("--compile", action="store_true", help="add the compiled Mamba step at the first thread count")
     p.add_argument("--out", default=None, help="results JSON (default: bench/results/train_cpu_<UTC date>.json)")
     a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so that `finally` stops the workers
     threads = [int(t) for t in a.threads.split(",")]
     variants = a.variants.split(",")
     load0 = os.getloadavg()
     ctx = mp.get_context("spawn")
     workers = {}
+    try:
+        return run(a, ctx, workers, threads, variants, load0)
+    finally:
+        for proc, _, _ in workers.values():
+            proc.terminate()
+
+
+def run(a, ctx, workers, threads, variants, load0):
     for t in threads:
-        for m in ("mamba3", "gpt"):
+        for m in a.models.split(","):
             for v in variants:
                 here, there = ctx.Pipe()
                 proc = ctx.Process(target=worker, args=(there, m, v, t, a), daemon=True)
@@ -196,16 +211,17 @@ def main(argv=None):
     cpu = lambda m, v, t: by[(m, v, t)]["cpu_s_per_step"]["median"]
     wall = lambda m, v, t: by[(m, v, t)]["wall_s_per_step"]["median"]
     ratios = {}
+    models = a.models.split(",")
     for t in threads:
-        for v in variants:
+        for v in variants if len(models) == 2 else []:
             ratios[f"mamba3/gpt {v} cpu, {t} thread(s)"] = cpu("mamba3", v, t) / cpu("gpt", v, t)
         if {"step/full", "step/chunked"} <= set(variants):
-            for m in ("mamba3", "gpt"):
+            for m in models:
                 ratios[f"{m} chunked/full cpu, {t} thread(s)"] = cpu(m, "step/chunked", t) / cpu(m, "step/full", t)
                 ratios[f"{m} chunked/full peak RSS, {t} thread(s)"] = (by[(m, "step/chunked", t)]["peak_rss_mib"]
                                                                       / by[(m, "step/full", t)]["peak_rss_mib"])
     for t in threads[1:]:
-        for m in ("mamba3", "gpt"):
+        for m in models:
             for v in variants:
                 ratios[f"{m} {v} wall, {t}/{threads[0]} threads"] = wall(m, v, t) / wall(m, v, threads[0])
     if a.compile:
