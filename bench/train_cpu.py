@@ -1,26 +1,44 @@
-"""Training throughput of the tiny Mamba-3 preset on CPU against a same-size GPT baseline.
+"""CPU training step of the tiny Mamba-3 preset against a same-size GPT, with the full-logits and the chunked loss.
 
-Both models run the same loop (forward, loss, backward, AdamW step, fp32) at the same batch and sequence
-length on the same random tokens; the GPT is plain PyTorch with `scaled_dot_product_attention`, its depth
-chosen so its parameter count is the closest to the Mamba model's. Prints tokens/s of each and the ratio.
+Every variant (model x loss x threads) lives in its own worker process, built and warmed up once; the driver then
+runs interleaved rounds (each worker in turn, `--steps` steps per round), so a load change on a shared machine hits
+every variant alike. Each worker's peak RSS (`ru_maxrss`) is that variant's alone. Variants:
 
-    python bench/train_cpu.py [--batch 8] [--seq-len 256] [--steps 10] [--warmup 2] [--threads 2]
+- `step/full`: forward, cross-entropy of the materialised (b, T, V) logits, backward, clip, AdamW;
+- `step/chunked`: the same with `chunked_lm_loss` (what `mamba3-lite train` runs);
+- `backbone`: the same without the head and the loss (mean of the squared final hidden states): the sequence mixer's
+  share of the step;
+- `step/compiled` (Mamba only, with `--compile`): `step/chunked` through `torch.compile(model)` in the mode CPU
+  training uses (`default`), as `training.compile_on_cpu: true` runs it; its first step is the compile.
+
+The GPT is plain PyTorch (`scaled_dot_product_attention`, GELU MLP, learned positions, tied head), its depth chosen
+so that its parameter count is the closest to the Mamba model's; both see the same tokens, fp32, the same AdamW.
+Times are process CPU seconds per step (wall seconds beside them): medians over rounds, [min-max].
+
+    python bench/train_cpu.py [--batch 16] [--seq-len 128] [--rounds 7] [--steps 2] [--threads 1,2] [--compile] [--out FILE]
 """
 import argparse
+import datetime
+import json
 import math
+import multiprocessing as mp
+import os
+import platform
+import resource
+import signal
+import statistics
+import sys
 import time
-from collections import namedtuple
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mamba3_lite.config import LoopConfig, physical_cores
+from mamba3_lite.loss import chunked_lm_loss, full_lm_loss
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
-from mamba3_lite.config import LoopConfig
-from mamba3_lite.train import build_optimizer, keep_freed_memory_in_heap, train_step
-
-
-LMOut = namedtuple("LMOut", "logits loss")
+from mamba3_lite.train import build_optimizer, keep_freed_memory_in_heap
 
 
 class GPTBlock(nn.Module):
@@ -41,75 +59,198 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    "A GPT-2-style LM with tied embeddings and learned positions; forward matches Mamba3Transformer's."
+    "A GPT-2-style LM with tied embeddings and learned positions."
     def __init__(self, vocab_size: int, d: int, n_layers: int, n_heads: int, max_len: int):
         super().__init__()
         self.embed, self.pos = nn.Embedding(vocab_size, d), nn.Embedding(max_len, d)
         self.blocks = nn.ModuleList(GPTBlock(d, n_heads) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d)
-        self.lm_head = nn.Linear(d, vocab_size, bias=False)
-        self.lm_head.weight = self.embed.weight
 
-    def forward(self, input_ids, targets=None):
-        x = self.embed(input_ids) + self.pos(torch.arange(input_ids.shape[1]))
+    def hidden(self, ids):
+        x = self.embed(ids) + self.pos(torch.arange(ids.shape[1]))
         for blk in self.blocks:
             x = blk(x)
-        logits = self.lm_head(self.ln_f(x))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) if targets is not None else None
-        return LMOut(logits, loss)
+        return self.ln_f(x)
 
     def param_groups(self, weight_decay):
-        params = {id(p): p for p in self.parameters()}.values()
-        return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        return [{"params": [p for p in self.parameters() if p.ndim >= 2], "weight_decay": weight_decay},
+                {"params": [p for p in self.parameters() if p.ndim < 2], "weight_decay": 0.0}]
 
 
 def n_params(m):
-    return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+    return sum(p.numel() for p in m.parameters())
 
 
-def tokens_per_s(model, loop, batch, seq_len, vocab, steps, warmup):
+def build(model_name: str, preset: str, seq_len: int):
+    "(model, hidden(ids) -> (b, T, d), head weight (V, d))."
+    torch.manual_seed(0)
+    mamba = Mamba3Transformer(ModelConfig.from_preset(preset, ssd_dispatch="pytorch", grad_checkpoint=False))
+    if model_name == "mamba3":
+        return mamba, lambda ids: mamba._backbone(ids)[0], mamba.embed.weight
+    cfg, target = mamba.config, n_params(mamba)
+    heads = max(1, cfg.d_model // 16)
+    depth = min(range(1, 65), key=lambda L: abs(n_params(GPT(cfg.vocab_size, cfg.d_model, L, heads, seq_len)) - target))
+    gpt = GPT(cfg.vocab_size, cfg.d_model, depth, heads, seq_len)
+    return gpt, gpt.hidden, gpt.embed.weight
+
+
+LOSSES = {
+    "step/full": lambda h, w, y: full_lm_loss(F.linear(h, w), y),
+    "step/chunked": chunked_lm_loss,
+    "backbone": lambda h, w, y: h.square().mean(),
+}
+
+
+def worker(conn, model_name, variant, threads, a):
+    "Build one variant, warm it up, then time `a.steps` steps per 'run' message; 'stop' returns the peak RSS."
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    keep_freed_memory_in_heap()   # as the CPU trainer does
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    model, hidden, weight = build(model_name, a.preset, a.seq_len)
+    opt = build_optimizer(model, LoopConfig(lr=1e-3, weight_decay=0.1))
     g = torch.Generator().manual_seed(0)
-    opt = build_optimizer(model, loop)
-    data = [torch.randint(0, vocab, (batch, seq_len + 1), generator=g) for _ in range(steps + warmup)]
-    for i, w in enumerate(data):
-        if i == warmup:
-            t0 = time.perf_counter()
-        r = train_step(model, opt, [(w[:, :-1], w[:, 1:])], max_grad_norm=1.0)
-        assert math.isfinite(r.loss)
-    return steps * batch * seq_len / (time.perf_counter() - t0)
+    data = [torch.randint(0, weight.shape[0], (a.batch, a.seq_len + 1), generator=g) for _ in range(4)]
+    i = 0
+    if variant == "step/compiled":
+        compiled = torch.compile(model, mode="default")
+        loss_of = lambda x, y: compiled(x, targets=y, return_logits=False).loss
+    else:
+        loss_of = lambda x, y: LOSSES[variant](hidden(x), weight, y)
+
+    def step():
+        nonlocal i
+        w = data[i % len(data)]; i += 1
+        loss = loss_of(w[:, :-1], w[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        assert math.isfinite(loss.item())
+
+    c0 = time.process_time()
+    step()
+    first = time.process_time() - c0
+    for _ in range(a.warmup - 1):
+        step()
+    conn.send({"params": n_params(model), "rss_import_kib": rss0, "first_step_cpu_s": first})
+    try:
+        while conn.recv() == "run":
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(a.steps):
+                step()
+            conn.send(((time.process_time() - c0) / a.steps, (time.perf_counter() - w0) / a.steps))
+        conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    except EOFError:   # the driver is gone
+        pass
+
+
+def med(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="tiny", help="Mamba-3 model preset (default: tiny)")
-    p.add_argument("--batch", type=int, default=8, help="sequences per step (default: 8)")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default: 256)")
-    p.add_argument("--steps", type=int, default=10, help="timed training steps (default: 10)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--batch", type=int, default=16, help="sequences per step (default: 16, the quickstart's)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: 128, the quickstart's)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default: 7)")
+    p.add_argument("--steps", type=int, default=2, help="steps per variant per round (default: 2)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (default: 2)")
+    p.add_argument("--threads", default="1", help="comma-separated torch thread counts, each a set of variants (default: 1)")
+    p.add_argument("--variants", default=",".join(LOSSES), help=f"subset of {','.join(LOSSES)}")
+    p.add_argument("--models", default="mamba3,gpt", help="subset of mamba3,gpt (the ratios need both)")
+    p.add_argument("--compile", action="store_true", help="add the compiled Mamba step at the first thread count")
+    p.add_argument("--out", default=None, help="results JSON (default: bench/results/train_cpu_<UTC date>.json)")
     a = p.parse_args(argv)
-    torch.set_flush_denormal(True)
-    keep_freed_memory_in_heap()  # as the CPU trainer does (both models allocate (b, T, V) logits each step)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
-    mamba = Mamba3Transformer(ModelConfig.from_preset(a.preset, ssd_dispatch="pytorch", grad_checkpoint=False))
-    cfg = mamba.config
-    target = n_params(mamba)
-    d = cfg.d_model
-    heads = max(1, d // 16)
-    depth = min(range(1, 65), key=lambda L: abs(n_params(GPT(cfg.vocab_size, d, L, heads, a.seq_len)) - target))
-    gpt = GPT(cfg.vocab_size, d, depth, heads, a.seq_len)
-    loop = LoopConfig(lr=1e-3, weight_decay=0.1)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so that `finally` stops the workers
+    threads = [int(t) for t in a.threads.split(",")]
+    variants = a.variants.split(",")
+    load0 = os.getloadavg()
+    ctx = mp.get_context("spawn")
+    workers = {}
+    try:
+        return run(a, ctx, workers, threads, variants, load0)
+    finally:
+        for proc, _, _ in workers.values():
+            proc.terminate()
+
+
+def run(a, ctx, workers, threads, variants, load0):
+    for t in threads:
+        for m in a.models.split(","):
+            for v in variants:
+                here, there = ctx.Pipe()
+                proc = ctx.Process(target=worker, args=(there, m, v, t, a), daemon=True)
+                proc.start()
+                workers[(m, v, t)] = (proc, here, here.recv())   # built and warmed up one at a time
+    if a.compile:
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=worker, args=(there, "mamba3", "step/compiled", threads[0], a), daemon=True)
+        proc.start()
+        workers[("mamba3", "step/compiled", threads[0])] = (proc, here, here.recv())
+    times = {k: ([], []) for k in workers}
+    for _ in range(a.rounds):
+        for k, (_, conn, _) in workers.items():
+            conn.send("run")
+            cpu, wall = conn.recv()
+            times[k][0].append(cpu); times[k][1].append(wall)
     rows = []
-    for name, m in (("mamba3 " + a.preset, mamba), (f"gpt d={d} L={depth} sdpa", gpt)):
-        rows.append((name, n_params(m), tokens_per_s(m, loop, a.batch, a.seq_len, cfg.vocab_size, a.steps, a.warmup)))
-    print(f"CPU training throughput, batch {a.batch} x seq {a.seq_len}, threads {torch.get_num_threads()}, fp32")
-    print(f"{'model':<28}{'params':>12}{'tokens/s':>12}")
-    for name, n, tps in rows:
-        print(f"{name:<28}{n:>12,}{tps:>12,.0f}")
-    print(f"ratio mamba3 / gpt tokens/s: {rows[0][2] / rows[1][2]:.2f}")
+    for k, (proc, conn, info) in workers.items():
+        conn.send("stop")
+        rss = conn.recv()
+        proc.join()
+        m, v, t = k
+        rows.append({"model": m, "variant": v, "threads": t, "params": info["params"], "cpu_s_per_step": med(times[k][0]),
+                     "wall_s_per_step": med(times[k][1]), "peak_rss_mib": rss / 1024,
+                     "first_step_cpu_s": info["first_step_cpu_s"],
+                     "rss_after_import_mib": info["rss_import_kib"] / 1024})
+    load1 = os.getloadavg()
+    cores = physical_cores()
+    by = {(r["model"], r["variant"], r["threads"]): r for r in rows}
+    cpu = lambda m, v, t: by[(m, v, t)]["cpu_s_per_step"]["median"]
+    wall = lambda m, v, t: by[(m, v, t)]["wall_s_per_step"]["median"]
+    ratios = {}
+    models = a.models.split(",")
+    for t in threads:
+        for v in variants if len(models) == 2 else []:
+            ratios[f"mamba3/gpt {v} cpu, {t} thread(s)"] = cpu("mamba3", v, t) / cpu("gpt", v, t)
+        if {"step/full", "step/chunked"} <= set(variants):
+            for m in models:
+                ratios[f"{m} chunked/full cpu, {t} thread(s)"] = cpu(m, "step/chunked", t) / cpu(m, "step/full", t)
+                ratios[f"{m} chunked/full peak RSS, {t} thread(s)"] = (by[(m, "step/chunked", t)]["peak_rss_mib"]
+                                                                      / by[(m, "step/full", t)]["peak_rss_mib"])
+    for t in threads[1:]:
+        for m in models:
+            for v in variants:
+                ratios[f"{m} {v} wall, {t}/{threads[0]} threads"] = wall(m, v, t) / wall(m, v, threads[0])
+    if a.compile:
+        t = threads[0]
+        eager, comp = cpu("mamba3", "step/chunked", t), cpu("mamba3", "step/compiled", t)
+        cost = by[("mamba3", "step/compiled", t)]["first_step_cpu_s"] - comp
+        ratios[f"mamba3 compiled/eager cpu, {t} thread(s)"] = comp / eager
+        ratios["mamba3 compile cost, CPU s (first step - steady step)"] = cost
+        ratios["mamba3 compile break-even, steps"] = cost / (eager - comp) if eager > comp else float("inf")
+    machine = {"cpu": platform.processor() or platform.machine(), "physical_cores": cores,
+               "logical_cpus": os.cpu_count(), "load_average_1min_start": load0[0], "load_average_1min_end": load1[0],
+               "shared": max(load0[0], load1[0]) > cores, "torch": torch.__version__}
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine,
+              "batch": a.batch, "seq_len": a.seq_len, "rounds": a.rounds, "steps_per_round": a.steps,
+              "rows": rows, "ratios": ratios}
+    print(f"CPU training step, preset {a.preset}, batch {a.batch} x seq {a.seq_len}, fp32, {a.rounds} interleaved "
+          f"rounds x {a.steps} steps; {cores} physical cores, load average {load0[0]:.1f} -> {load1[0]:.1f}"
+          f"{' (shared machine)' if machine['shared'] else ''}")
+    print(f"{'model':<8}{'variant':<14}{'thr':>4}{'params':>11}{'CPU s/step [range]':>26}{'wall s/step':>13}{'peak RSS MiB':>14}")
+    for r in rows:
+        c, w = r["cpu_s_per_step"], r["wall_s_per_step"]
+        print(f"{r['model']:<8}{r['variant']:<14}{r['threads']:>4}{r['params']:>11,}"
+              f"{c['median']:>10.3f} [{c['min']:.3f}-{c['max']:.3f}]{w['median']:>13.3f}{r['peak_rss_mib']:>14,.0f}")
+    for k, v in ratios.items():
+        print(f"{k:<46}{v:6.2f}")
+    out = Path(a.out or f"bench/results/train_cpu_{datetime.date.today().isoformat()}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"-> {out}")
 
 
 if __name__ == "__main__":

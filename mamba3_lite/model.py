@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .loss import chunked_lm_loss, full_lm_loss
 from .block import Mamba3Block, RMSNorm, fp32, require, check_mixer_args, num_angles
 from .ssd import SSDState, seq_idx_from_eos
 
@@ -217,7 +218,7 @@ class Mamba3Layer(nn.Module):
 
 # %% ../nbs/03_model.ipynb #b4aece5a
 class LMOutput(NamedTuple):
-    logits: torch.Tensor           # (b,T,V), or (b,num_last_tokens,V)
+    logits: Optional[torch.Tensor]  # (b,T,V), or (b,num_last_tokens,V); None with return_logits=False
     loss: Optional[torch.Tensor]   # mean next-token cross-entropy when targets are given, else None
 
 
@@ -312,7 +313,7 @@ def _backbone(self: Mamba3Transformer, input_ids: torch.Tensor, return_states: b
 
 @patch
 def forward(self: Mamba3Transformer, input_ids: torch.Tensor, targets: Optional[torch.Tensor] = None,
-             num_last_tokens: int = 0, seq_idx: Optional[torch.Tensor] = None) -> LMOutput:
+             num_last_tokens: int = 0, seq_idx: Optional[torch.Tensor] = None, return_logits: bool = True) -> LMOutput:
     _check_ids("input_ids", input_ids, 2)
     _check_seq_idx(seq_idx, input_ids)
     if targets is not None:
@@ -320,17 +321,16 @@ def forward(self: Mamba3Transformer, input_ids: torch.Tensor, targets: Optional[
         require(targets.shape == input_ids.shape, "targets",
                  f"expected the shape of input_ids {tuple(input_ids.shape)}, got {tuple(targets.shape)}")
         require(num_last_tokens == 0, "num_last_tokens", "must be 0 when targets are given")
+    require(return_logits or targets is not None, "return_logits", "False needs targets (the loss is all it returns)")
     require(isinstance(num_last_tokens, int) and num_last_tokens >= 0, "num_last_tokens",
              f"expected an int >= 0, got {num_last_tokens!r}")
     h, _ = self._backbone(input_ids, seq_idx=seq_idx)
     if num_last_tokens > 0:
         h = h[:, -num_last_tokens:]
+    if not return_logits:
+        return LMOutput(None, chunked_lm_loss(h, self.lm_head.weight, targets))
     logits = self.lm_head(h)
-    loss = None
-    if targets is not None:
-        loss = F.cross_entropy(fp32(logits).reshape(-1, logits.shape[-1]), targets.reshape(-1).long(),
-                               ignore_index=-100)
-    return LMOutput(logits, loss)
+    return LMOutput(logits, None if targets is None else full_lm_loss(logits, targets))
 
 # %% ../nbs/03_model.ipynb #3cdf9418
 @patch

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 import random
 import signal
 import sys
@@ -24,9 +23,9 @@ import torch.distributed as dist
 from fastcore.basics import patch
 
 from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, restore_rng_state
-from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, build_model_config,
-                                build_scheduler, check_resume_meta, config_changes, config_to_dict, dry_run_config,
-                                refused_changes)
+from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, apply_num_threads,
+                                build_model_config, build_scheduler, check_resume_meta, compile_mode_for, config_changes,
+                                config_to_dict, dry_run_config, refused_changes)
 from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
                                      full_model_state, residual_blocks, setup_distributed)
@@ -138,8 +137,7 @@ class Pretrainer:
             torch.set_flush_denormal(True)
             if t.cpu_malloc_cache and keep_freed_memory_in_heap():
                 self.log("[cpu] glibc keeps freed buffers up to 1 GiB in the heap (training.cpu_malloc_cache)")
-        if t.num_threads:
-            torch.set_num_threads(t.num_threads)
+        apply_num_threads(t.num_threads, env.device.type, log=self.log)
         seed_everything(t.seed)
         self.run_dir = Path(t.checkpoint_dir)
         self.model_config = build_model_config(config, log=self.log)
@@ -162,7 +160,7 @@ class Pretrainer:
             self._sync = functools.partial(fsdp_sync, self.raw_model)
         self.compiled = t.compile and (env.device.type == "cuda" or t.compile_on_cpu)
         if self.compiled:
-            mode = os.environ.get("TORCH_COMPILE_MODE", t.compile_mode)
+            mode = compile_mode_for(t, env.device.type)
             self.log(f"[compile] torch.compile(mode={mode})")
             self.model = torch.compile(self.model, mode=mode)
         elif t.compile:
