@@ -146,6 +146,7 @@ def evaluate(model, cfg: StateTrackingConfig, lengths=None) -> dict:
     return out
 
 # %% ../nbs/16_state_tracking.ipynb #5t00000d
+@torch.enable_grad()   # training needs autograd whatever grad mode the caller left on
 def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=None) -> dict:
     "Train one model through the curriculum; return its losses, its scaled accuracy per test length and the time used."
     torch.manual_seed(cfg.seed)
