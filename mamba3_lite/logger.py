@@ -289,7 +289,9 @@ def plot_metrics(run_dir, out_png=None) -> Path:
     ax_loss.set(title="loss", xlabel="step"); ax_loss.legend()
     ax_lr.plot(*col(train, "lr")); ax_lr.set(title="learning rate", xlabel="step")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
-    ax_tps.plot(*col(train, "tps")); ax_tps.set(title="tokens / s", xlabel="step")
+    steps, tps = col(train, "tps")
+    ax_tps.plot(steps, tps); ax_tps.set(title="tokens / s", xlabel="step")
+    ax_tps.set_ylim(0, 1.15 * max(tps, default=0) or 1)        # from 0: a steady rate reads as flat, not as noise zoomed in
     fig.tight_layout()
     out = Path(out_png) if out_png is not None else Path(run_dir) / "metrics.png"
     fig.savefig(out, dpi=80)
