@@ -5,7 +5,11 @@ outside the repository), no target quoted from such a document, and no developme
 (https://arxiv.org/abs/2603.15569) and the official code (https://github.com/state-spaces/mamba).
 
 Each text is matched with its whitespace runs (and a `#` that continues a comment on the next line) read as one
-space, so a phrase broken across lines is still found; a hit is reported at the line where it starts."""
+space, so a phrase broken across lines is still found; a hit is reported at the line where it starts.
+
+Notebooks also show what they check: an agreement check prints its measured error beside its bound. Numbers quoted
+from committed benchmark results (bench/results/*.json) are rebuilt from those files, and a result quoted in more
+than one place is quoted the same everywhere."""
 import bisect
 import io
 import json
@@ -265,18 +269,52 @@ def test_index_quotes_the_committed_results(name):
     assert not missing, f"nbs/index.ipynb does not quote bench/results/{name} as it is; expected:\n" + "\n".join(missing)
 
 
-def test_index_quotes_one_quickstart_result():
-    "The quickstart's validation losses are quoted the same wherever they are given (index.ipynb, any notebook, bench/README.md), and the drop is their difference."
-    pairs = {(where, pair) for where, text in prose_texts().items()
-             for pair in re.findall(r"[Vv]alidation loss (?:went )?\**(\d+\.\d+) → (\d+\.\d+)\**", text)}
-    assert len({pair for _, pair in pairs}) == 1, f"the quickstart's validation loss is quoted differently: {sorted(pairs)}"
-    first, last = next(iter(pairs))[1]
+def same_number(a: str, b: str) -> bool:
+    "Whether two quoted decimals agree at the coarser of their two precisions (3.90 and 3.903 do; 3.78 and 3.903 do not)."
+    places = min(len(x.partition(".")[2]) for x in (a, b))
+    return round(float(a), places) == round(float(b), places)
+
+
+# "Validation loss 10.815 → 3.903", "Validation loss (first 64 windows) 10.81 (step 0) → 4.77 (50) → … → **3.78 (300)**"
+VAL_LOSS_CHAIN = re.compile(r"[Vv]alidation loss(?: \([^)]*\))?(?: went)? \**(\d+\.\d+)\**(?: \([^)]*\))?\**((?: → \**\d+\.\d+\**(?: \([^)]*\))?\**)+)")
+
+
+def val_loss_quotes(text):
+    "(first, last) of each validation-loss chain quoted in `text`."
+    return [(m[1], re.findall(r"\d+\.\d+", re.sub(r"\([^)]*\)", "", m[2]))[-1]) for m in VAL_LOSS_CHAIN.finditer(text)]
+
+
+def gpt_ratios(text):
+    "The Mamba-3 / GPT ratios quoted in `text`: `N.NN×` or `ratio N.NN` in a sentence or table cell that names the GPT."
+    return [r for part in re.split(r"(?<=[.;|])\s", text) if "GPT" in part.replace("GPT-2", "")
+            for r in re.findall(r"(\d+\.\d\d)×|ratio \**(\d+\.\d\d)", part) for r in r if r]
+
+
+def test_the_quote_scans_find_what_they_should():
+    assert val_loss_quotes("Validation loss went **10.815 → 3.903** (first") == [("10.815", "3.903")]
+    assert val_loss_quotes("Validation loss (first 64 windows) 10.81 (step 0) → 4.77 (50) → **3.78 (300)**, 7") == [("10.81", "3.78")]
+    assert val_loss_quotes("validation loss on the first 64 tokens 6.285 → 6.239") == []
+    assert gpt_ratios("a same-size GPT 2,213 tokens/s — ratio **0.84**; at 2 × 1024. The SSD is 32.9× faster.") == ["0.84"]
+    assert gpt_ratios("| step **1.22×** the GPT's (2.82 vs 2.30 s) | GPT-2 BPE 3.50× |") == ["1.22"]
+    assert same_number("3.90", "3.903") and not same_number("3.78", "3.903")
+
+
+def test_quickstart_validation_loss_is_quoted_one_way():
+    "The quickstart's validation losses are quoted the same wherever they are given (any notebook, bench/README.md), and index's drop is their difference."
+    quotes = [(where, q) for where, text in prose_texts().items() for q in val_loss_quotes(text)]
+    (first, last), = val_loss_quotes(re.split(r"## Measured numbers", index_text())[0])[:1] or [(None, None)]
+    assert first, "index.ipynb no longer quotes the quickstart's validation loss where this test looks for it"
+    differ = [(where, q) for where, q in quotes if not (same_number(q[0], first) and same_number(q[1], last))]
+    assert not differ, f"index.ipynb quotes the quickstart's validation loss as {first} → {last}, elsewhere: {differ}"
     drop = re.search(r"\*\*−(\d+\.\d+) nats\*\*", index_text())
     assert drop and abs(float(first) - float(last) - float(drop[1])) < 0.006, (first, last, drop and drop[1])
 
 
-def test_gpt_ratio_is_quoted_from_the_results_everywhere():
-    "Any notebook or bench/README.md that gives the Mamba-3 / GPT training-step ratio gives the committed one."
-    want = f"{json.loads((REPO / 'bench' / 'results' / 'train_cpu_2026-12-01.json').read_text())['ratios']['mamba3/gpt step/chunked cpu, 1 thread(s)']:.2f}"
-    quoted = {(where, r) for where, text in prose_texts().items() for r in re.findall(r"(\d+\.\d+)×\** the GPT's", text)}
-    assert quoted and {r for _, r in quoted} == {want}, f"expected {want}× everywhere, found {sorted(quoted)}"
+def test_gpt_ratios_are_the_committed_ones_everywhere():
+    "Any notebook or bench/README.md that quotes a Mamba-3 / GPT ratio quotes one that bench/results/train_cpu_2026-12-01.json holds."
+    ratios = json.loads((REPO / "bench" / "results" / "train_cpu_2026-12-01.json").read_text())["ratios"]
+    committed = {f"{v:.2f}" for v in ratios.values()}
+    quoted = [(where, r) for where, text in prose_texts().items() for r in gpt_ratios(text)]
+    assert quoted, "no Mamba-3 / GPT ratio found: the scan no longer matches how index.ipynb quotes it"
+    stray = [(where, r) for where, r in quoted if r not in committed]
+    assert not stray, f"ratios not in bench/results/train_cpu_2026-12-01.json ({sorted(committed)}): {stray}"
