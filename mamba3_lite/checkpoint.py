@@ -29,7 +29,7 @@ import torch
 
 import mamba3_lite
 from .files import (DiskFullError, RunLock, TMP_SUFFIX, atomic_write, file_digest, fsync_dir, fsync_file,
-                              out_of_room, temp_path)
+                              out_of_room, temp_path, umask_mode)
 
 class CheckpointWarning(UserWarning):
     "Every warning this module emits: torn/corrupt steps skipped, lenient loads, missing optimizer state."
@@ -208,7 +208,8 @@ def problems(self: CheckpointManager, step: int) -> list:
 
 # %% ../nbs/07_checkpoint.ipynb #120344c4
 def _seal_async(pool, tmp):
-    "fsync and hash `tmp` at once: the hash reads the page cache while the disk flushes. Returns both futures."
+    "Give `tmp` the umask's mode, then fsync and hash it at once: the hash reads the page cache while the disk flushes. Returns both futures."
+    umask_mode(tmp)
     return pool.submit(fsync_file, tmp), pool.submit(checkpoint_digest, tmp)
 
 def _torch_save(obj, path):
