@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['DEFAULT_INCLUDE', 'PARQUET_BATCH_ROWS', 'list_input_files', 'stdlib_corpus_files', 'iter_documents',
            'MissingExtraError', 'require_extra', 'iter_parquet_documents', 'is_saved_dataset', 'hf_dataset_source',
-           'iter_hf_documents', 'document_source', 'check_prepare_settings', 'remove_stale_temps', 'prepare_corpus']
+           'iter_hf_documents', 'document_source', 'check_prepare_settings', 'remove_stale_temps', 'PrepareWarning',
+           'val_batch_tokens', 'check_split_sizes', 'prepare_corpus']
 
 # %% ../nbs/06a_prepare.ipynb #3d35e62f
 import hashlib
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import sysconfig
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatch
 from pathlib import Path
@@ -283,6 +285,28 @@ def remove_stale_temps(out: Path) -> list:
     for f in gone: f.unlink()
     return [f"{f.parent.name}/{f.name}" for f in gone]
 
+# %% ../nbs/06a_prepare.ipynb #3b7e2c11
+class PrepareWarning(UserWarning):
+    "A prepared corpus that works but will trip a later command (a validation split too small for one batch)."
+
+def val_batch_tokens(config: str = "tiny_cpu") -> int:
+    "Tokens one evaluation batch of the packaged `config` reads from a split: `micro_batch_size` windows of `max_seq_len`, plus one."
+    from mamba3_lite.config import load_config
+    cfg = load_config(config)
+    return cfg.training.micro_batch_size * cfg.data.max_seq_len + 1
+
+def check_split_sizes(res: dict, val_tokens, val_fraction, config: str = "tiny_cpu"):
+    """Refuse an empty train split (`ValueError`); warn (`PrepareWarning`) when the val split is smaller than one
+    batch of the packaged `config`. Each message is one line naming the setting to change."""
+    n_val, asked = res["val"]["n_tokens"], (f"--val-tokens {val_tokens}" if val_tokens is not None else f"--val-fraction {val_fraction}")
+    if res["train"]["n_tokens"] == 0:
+        raise ValueError(f"no training tokens: all {res['val']['n_documents']:,} documents ({n_val:,} tokens) went to val "
+                         f"({asked}); give a smaller --val-tokens or --val-fraction")
+    if n_val < (need := val_batch_tokens(config)):
+        warnings.warn(f"the validation split holds {n_val:,} tokens ({asked}), fewer than one batch of the {config} config "
+                      f"({need:,} tokens), so train will refuse it: rerun with --val-tokens {need} (or a larger --val-fraction)",
+                      PrepareWarning)
+
 # %% ../nbs/06a_prepare.ipynb #cb59f89d
 def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens: int = None, val_fraction: float = None,
                    include=None, workers: int = 1, text_field: str = "text", encoding=None, bpe_file=None,
@@ -311,7 +335,7 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
         with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress) as bar:
             n_empty = _tokenize_into(writers, documents, enc, workers, batch_bytes, val_tokens, val_fraction, max_tokens, bar)
         res = {s: w.finish({**meta, "split": s, "n_empty_documents_skipped": n_empty}) for s, w in writers.items()}
-        if res["train"]["n_tokens"] == 0: raise ValueError(f"no training tokens: all {res['val']['n_documents']} documents went to val; lower val_tokens/val_fraction")
+        check_split_sizes(res, val_tokens, val_fraction)    # an empty train split refuses here: nothing committed
         for s in ("val", "train"): writers[s].commit(res[s])   # manifests last: the commit record of each split
         res["stats"] = {s: {"written": w.n_written, "skipped": w.n_skipped, "removed": w.n_removed} for s, w in writers.items()}
         return res
