@@ -135,3 +135,12 @@ def test_readme_cpu_commands_run_in_order(tmp_path):
     assert (q / "checkpoints" / "metrics.jsonl").is_file() and (q / "loss.png").is_file() and (q / "data" / "val").is_dir()
     assert (tmp_path / "hf" / "tiny" / "model.safetensors").is_file()
     assert list((tmp_path / "runs" / "imported").glob("meta_step_1.json")), "train on the imported run made no step 1"
+
+
+def test_the_quoted_validation_coverage_is_the_quickstart_configs():
+    "The README's count of validation tokens an in-training evaluation covers is tiny_cpu's eval_batches × micro-batch × length."
+    from mamba3_lite.config import load_config
+    t = load_config("tiny_cpu")
+    n = t.training.eval_batches * t.training.micro_batch_size * t.data.max_seq_len
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"covers the first {n:,} validation tokens" in readme, f"the README should say an evaluation covers {n:,} tokens"
