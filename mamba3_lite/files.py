@@ -137,7 +137,7 @@ class RunLock:
         if self._fd is not None: return self
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as e:
             if (why := out_of_room(e, self.path)) is None: raise
             raise DiskFullError(f"{why}: the run lock could not be taken") from None

@@ -244,7 +244,7 @@ def close(self: TrainingLogger):
 @patch
 def _append(self: TrainingLogger, line: bytes):
     "Append one record's line to metrics.jsonl whole (`append_whole`); after a failure nothing more is written."
-    if self._fd is None: self._fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    if self._fd is None: self._fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # mode: 0o666 & ~umask
     try: append_whole(self._fd, line, self.metrics_path)
     except BaseException:
         self._failed = True                                    # one error: close() does not raise a second
