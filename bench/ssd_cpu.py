@@ -8,8 +8,7 @@ Target: ssd_chunked at least 20x faster than ssd_naive at T = 4096 (b=1, H=4, P=
 `ssd_chunked` against the official `ssd_minimal_discrete` (https://github.com/state-spaces/mamba,
 mamba_ssm/modules/ssd_minimal.py; it needs einops and finds mamba_ssm on sys.path or under --mamba-ssm DIR, without
 running the package's CUDA-only __init__). Its X·Δ and A·Δ are formed inside its timed call, as ssd_chunked forms
-them inside its own. `--baseline REV` adds a column for `ssd_chunked` as it was at git revision REV (its
-mamba3_lite/ssd.py, loaded from `git show`), so a change is measured before and after in one run. These runs are
+them inside its own. `--baseline REV` adds a column for `ssd_chunked` as it was at git revision REV (bench/baseline.py), so a change is measured before and after in one run. These runs are
 interleaved rounds (each function once per round, in turn), with the median and the [min-max] over rounds; the
 backward is driven by a fixed random cotangent (a `y.sum()` gradient is a stride-0 tensor, which sends batched
 matmul backwards into a per-matrix loop that training never sees).
@@ -20,15 +19,21 @@ matmul backwards into a per-matrix loop that training never sees).
     python bench/ssd_cpu.py --mamba2 --threads 1 --clock cpu --baseline HEAD~1 --mamba-ssm /path/to/mamba_ssm-2.3.2.post1
 """
 import argparse
+import datetime
 import importlib.util
+import json
+import os
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
 
 import torch
+
+import baseline
+from mamba3_lite.config import physical_cores
 
 from mamba3_lite.ssd import ssd_chunked, ssd_naive, ssd_random_inputs
 
@@ -61,23 +66,14 @@ def load_minimal(root=None):
     return ssd_minimal_discrete
 
 
-def load_baseline(rev):
-    "`ssd_chunked` from mamba3_lite/ssd.py at git revision `rev`, as a fresh module."
-    root = Path(__file__).resolve().parents[1]
-    src = subprocess.run(["git", "-C", str(root), "show", f"{rev}:mamba3_lite/ssd.py"], check=True,
-                         capture_output=True, text=True).stdout
-    mod = types.ModuleType(f"ssd_at_{rev}")
-    exec(compile(src, f"{rev}:mamba3_lite/ssd.py", "exec"), mod.__dict__)
-    return mod.ssd_chunked
-
-
 def mamba2_rows(a, clock):
     "The Mamba-2 case, forward + backward: ssd_chunked [, its baseline] and ssd_minimal_discrete, interleaved rounds."
     minimal = load_minimal(a.mamba_ssm)
     fns = {"ssd_chunked": lambda kw: ssd_chunked(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["lam"],
                                                  chunk_size=a.chunk_size)[0]}
     if a.baseline:
-        old = load_baseline(a.baseline)
+        tmp = tempfile.TemporaryDirectory()                             # removed when this function returns
+        old = baseline.module(baseline.extract(a.baseline, tmp.name), "ssd").ssd_chunked
         fns[f"@{a.baseline}"] = lambda kw: old(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["lam"],
                                                chunk_size=a.chunk_size)[0]
     if callable(minimal):
@@ -85,7 +81,7 @@ def mamba2_rows(a, clock):
                                                          kw["C"], a.chunk_size)[0]
     else:
         print(minimal)
-    names = list(fns)
+    names, rows = list(fns), []
     print(f"Mamba-2 case (no rotation, lambda = 1, no D), fp32 forward + backward, b={a.b} H={a.H} P={a.P} N={a.N} "
           f"chunk={a.chunk_size} threads={torch.get_num_threads()} {a.clock} clock, median [min-max] of {a.rounds} "
           f"interleaved rounds")
@@ -114,6 +110,15 @@ def mamba2_rows(a, clock):
                          for n in names)
         ratios = "".join(f" {med[n] / med[names[0]]:>25.3f}x" for n in names[1:])
         print(f"{T:>6} {cells}{ratios}   (outputs agree to {err:.1e})")
+        rows.append({"T": T, "ms": {n: {"median": med[n] * 1e3, "min": min(times[n]) * 1e3, "max": max(times[n]) * 1e3}
+                                    for n in names},
+                     "ratio_to_ssd_chunked": {n: med[n] / med[names[0]] for n in names[1:]}, "max_rel_diff": err})
+    if a.json:
+        Path(a.json).write_text(json.dumps({
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "case": "mamba2",
+            "shape": dict(b=a.b, H=a.H, P=a.P, N=a.N, chunk=a.chunk_size), "threads": torch.get_num_threads(),
+            "clock": a.clock, "rounds": a.rounds, "baseline": a.baseline, "load_average_1min": os.getloadavg()[0],
+            "physical_cores": physical_cores(), "torch": torch.__version__, "rows": rows}, indent=1))
 
 
 def main(argv=None):
@@ -135,6 +140,7 @@ def main(argv=None):
     p.add_argument("--baseline", default=None, metavar="REV", help="with --mamba2: also ssd_chunked at git revision REV")
     p.add_argument("--mamba-ssm", default=None, metavar="DIR", help="directory holding the mamba_ssm package")
     p.add_argument("--rounds", type=int, default=15, help="with --mamba2: interleaved rounds")
+    p.add_argument("--json", default=None, metavar="PATH", help="with --mamba2: write the rows to PATH")
     a = p.parse_args(argv)
     torch.set_flush_denormal(True)
     if a.threads: torch.set_num_threads(a.threads)

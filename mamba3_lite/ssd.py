@@ -96,6 +96,7 @@ def wrap_angle(phi):
         r = (phi - k * hi) - k * lo
         r = torch.where(r < 0, r + two_pi, r)             # rounding guards: keep r in [0, 2π)
         r = torch.where(r >= two_pi, r - two_pi, r)
+    if not (phi.requires_grad and torch.is_grad_enabled()): return r  # (decode: no gradient to pass on)
     return r + (phi - phi.detach())
 
 def rotation_tables(phi, N):
@@ -141,12 +142,14 @@ def recurrence_step(state: tuple, x, dt, A, lam, B, C, theta, D, reset=None):
         angle, h, k_prev, v_prev = (_zero_rows(t, reset) for t in (angle, h, k_prev, v_prev))
     if theta is not None:
         angle = wrap_angle(angle + angle_increment(dt, theta))              # (b, H, S)
-    q = rotate_pairs(C, angle[:, :, None])                                  # C̃_t (b, H, R, N)
-    k = rotate_pairs(B, angle[:, :, None])                                  # B̃_t (b, H, R, N)
+    at = angle[:, :, None]
+    tables = rotation_tables(at, B.shape[-1]) if at.shape[-1] else None     # one cos/sin table for C and B
+    q = rotate_pairs(C, at, tables)                                         # C̃_t (b, H, R, N)
+    k = rotate_pairs(B, at, tables)                                         # B̃_t (b, H, R, N)
     alpha, beta, gamma = (c[..., None, None] for c in trapezoid_coefs(dt, A, lam))
-    h = (alpha * h + beta * torch.einsum('bhrp,bhrn->bhpn', v_prev, k_prev)
-         + gamma * torch.einsum('bhrp,bhrn->bhpn', x, k))                   # (b, H, P, N)
-    return torch.einsum('bhpn,bhrn->bhrp', h, q) + D[:, None, None] * x, (angle, h, k, x)
+    outer = (lambda v, k: v.transpose(-1, -2) * k) if x.shape[-2] == 1 else (lambda v, k: v.transpose(-1, -2) @ k)
+    h = alpha * h + beta * outer(v_prev, k_prev) + gamma * outer(x, k)     # Σ_r v_r k_rᵀ: (P×R)(R×N); R = 1: one product
+    return q @ h.transpose(-1, -2) + D[:, None, None] * x, (angle, h, k, x)   # y_r = h C̃_r (b, H, R, P)
 
 def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, seq_idx=None):
     "Golden Mamba-3 SSM recurrence in the rotated frame, one token at a time; seq_idx (b, T) restarts at each document (§11). Returns (y, SSDState)."
