@@ -15,7 +15,11 @@ The GPT is plain PyTorch (`scaled_dot_product_attention`, GELU MLP, learned posi
 so that its parameter count is the closest to the Mamba model's; both see the same tokens, fp32, the same AdamW.
 Times are process CPU seconds per step (wall seconds beside them): medians over rounds, [min-max].
 
-    python bench/train_cpu.py [--batch 16] [--seq-len 128] [--rounds 7] [--steps 2] [--threads 1,2] [--compile] [--out FILE]
+- `mamba3@REV` (with `--baseline REV`): the Mamba model as it was at git revision REV (bench/baseline.py), its
+  `step/chunked` and `backbone` rows beside this tree's, for a change measured before and after in one run.
+
+    python bench/train_cpu.py [--batch 16] [--seq-len 128] [--rounds 7] [--steps 2] [--threads 1,2] [--compile]
+                              [--baseline REV] [--out FILE]
 """
 import argparse
 import datetime
@@ -28,6 +32,7 @@ import resource
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import baseline
 from mamba3_lite.config import LoopConfig, physical_cores
 from mamba3_lite.loss import chunked_lm_loss, full_lm_loss
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
@@ -81,9 +87,14 @@ def n_params(m):
     return sum(p.numel() for p in m.parameters())
 
 
-def build(model_name: str, preset: str, seq_len: int):
-    "(model, hidden(ids) -> (b, T, d), head weight (V, d))."
+def build(model_name: str, preset: str, seq_len: int, base_dir=None):
+    "(model, hidden(ids) -> (b, T, d), head weight (V, d)); `mamba3@REV`: the package at REV (bench/baseline.py)."
     torch.manual_seed(0)
+    if model_name.startswith("mamba3@"):
+        import baseline
+        m = baseline.module(base_dir, "model")
+        old = m.Mamba3Transformer(m.ModelConfig.from_preset(preset, ssd_dispatch="pytorch", grad_checkpoint=False))
+        return old, lambda ids: old._backbone(ids)[0], old.embed.weight
     mamba = Mamba3Transformer(ModelConfig.from_preset(preset, ssd_dispatch="pytorch", grad_checkpoint=False))
     if model_name == "mamba3":
         return mamba, lambda ids: mamba._backbone(ids)[0], mamba.embed.weight
@@ -107,7 +118,7 @@ def worker(conn, model_name, variant, threads, a):
     torch.set_flush_denormal(True)
     keep_freed_memory_in_heap()   # as the CPU trainer does
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    model, hidden, weight = build(model_name, a.preset, a.seq_len)
+    model, hidden, weight = build(model_name, a.preset, a.seq_len, a.base_dir)
     opt = build_optimizer(model, LoopConfig(lr=1e-3, weight_decay=0.1))
     g = torch.Generator().manual_seed(0)
     data = [torch.randint(0, weight.shape[0], (a.batch, a.seq_len + 1), generator=g) for _ in range(4)]
@@ -162,18 +173,25 @@ def main(argv=None):
     p.add_argument("--models", default="mamba3,gpt", help="subset of mamba3,gpt (the ratios need both)")
     p.add_argument("--compile", action="store_true", help="add the compiled Mamba step at the first thread count")
     p.add_argument("--out", default=None, help="results JSON (default: bench/results/train_cpu_<UTC date>.json)")
+    p.add_argument("--baseline", default=None, metavar="REV",
+                   help="add the Mamba model as it was at git revision REV (its step/chunked and backbone rows)")
     a = p.parse_args(argv)
+    a.base_dir = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so that `finally` stops the workers
     threads = [int(t) for t in a.threads.split(",")]
     variants = a.variants.split(",")
     load0 = os.getloadavg()
     ctx = mp.get_context("spawn")
     workers = {}
+    tmp = tempfile.TemporaryDirectory() if a.baseline else None
+    if tmp:
+        a.base_dir = str(baseline.extract(a.baseline, tmp.name))
     try:
         return run(a, ctx, workers, threads, variants, load0)
     finally:
         for proc, _, _ in workers.values():
             proc.terminate()
+        if tmp: tmp.cleanup()
 
 
 def run(a, ctx, workers, threads, variants, load0):
@@ -184,6 +202,11 @@ def run(a, ctx, workers, threads, variants, load0):
                 proc = ctx.Process(target=worker, args=(there, m, v, t, a), daemon=True)
                 proc.start()
                 workers[(m, v, t)] = (proc, here, here.recv())   # built and warmed up one at a time
+    for v in [v for v in ("step/chunked", "backbone") if v in variants] if a.baseline else []:
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=worker, args=(there, f"mamba3@{a.baseline}", v, threads[0], a), daemon=True)
+        proc.start()
+        workers[(f"mamba3@{a.baseline}", v, threads[0])] = (proc, here, here.recv())
     if a.compile:
         here, there = ctx.Pipe()
         proc = ctx.Process(target=worker, args=(there, "mamba3", "step/compiled", threads[0], a), daemon=True)
@@ -224,6 +247,11 @@ def run(a, ctx, workers, threads, variants, load0):
         for m in models:
             for v in variants:
                 ratios[f"{m} {v} wall, {t}/{threads[0]} threads"] = wall(m, v, t) / wall(m, v, threads[0])
+    for v in [v for v in ("step/chunked", "backbone") if v in variants] if a.baseline else []:
+        t = threads[0]
+        ratios[f"mamba3/mamba3@{a.baseline} {v} cpu, {t} thread(s)"] = cpu("mamba3", v, t) / cpu(f"mamba3@{a.baseline}", v, t)
+        if "gpt" in models:
+            ratios[f"mamba3@{a.baseline}/gpt {v} cpu, {t} thread(s)"] = cpu(f"mamba3@{a.baseline}", v, t) / cpu("gpt", v, t)
     if a.compile:
         t = threads[0]
         eager, comp = cpu("mamba3", "step/chunked", t), cpu("mamba3", "step/compiled", t)
@@ -235,15 +263,15 @@ def run(a, ctx, workers, threads, variants, load0):
                "logical_cpus": os.cpu_count(), "load_average_1min_start": load0[0], "load_average_1min_end": load1[0],
                "shared": max(load0[0], load1[0]) > cores, "torch": torch.__version__}
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine,
-              "batch": a.batch, "seq_len": a.seq_len, "rounds": a.rounds, "steps_per_round": a.steps,
+              "baseline": a.baseline, "batch": a.batch, "seq_len": a.seq_len, "rounds": a.rounds, "steps_per_round": a.steps,
               "rows": rows, "ratios": ratios}
     print(f"CPU training step, preset {a.preset}, batch {a.batch} x seq {a.seq_len}, fp32, {a.rounds} interleaved "
           f"rounds x {a.steps} steps; {cores} physical cores, load average {load0[0]:.1f} -> {load1[0]:.1f}"
           f"{' (shared machine)' if machine['shared'] else ''}")
-    print(f"{'model':<8}{'variant':<14}{'thr':>4}{'params':>11}{'CPU s/step [range]':>26}{'wall s/step':>13}{'peak RSS MiB':>14}")
+    print(f"{'model':<16}{'variant':<14}{'thr':>4}{'params':>11}{'CPU s/step [range]':>26}{'wall s/step':>13}{'peak RSS MiB':>14}")
     for r in rows:
         c, w = r["cpu_s_per_step"], r["wall_s_per_step"]
-        print(f"{r['model']:<8}{r['variant']:<14}{r['threads']:>4}{r['params']:>11,}"
+        print(f"{r['model']:<16}{r['variant']:<14}{r['threads']:>4}{r['params']:>11,}"
               f"{c['median']:>10.3f} [{c['min']:.3f}-{c['max']:.3f}]{w['median']:>13.3f}{r['peak_rss_mib']:>14,.0f}")
     for k, v in ratios.items():
         print(f"{k:<46}{v:6.2f}")

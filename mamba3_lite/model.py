@@ -412,19 +412,20 @@ def generate(self: Mamba3Transformer, input_ids: torch.Tensor, max_new_tokens: i
         if max_new_tokens == 0:
             return out[0]
         docs = None if reset_after is None else seq_idx_from_eos(input_ids, reset_after)
-        logits, cache = self.prefill(input_ids, seq_idx=docs)
-        prev = input_ids[:, -1]
-        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for i in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)
-            if eos_id is not None:
-                nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
-                finished |= nxt == eos_id
-            out.append(nxt.unsqueeze(1))
-            if i == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
-                break
-            logits = self.step(nxt, cache, None if reset_after is None else prev == reset_after)
-            prev = nxt
-        return torch.cat(out, dim=1)
+        with torch.inference_mode():          # no autograd bookkeeping per op; the cache and the logits stay in here
+            logits, cache = self.prefill(input_ids, seq_idx=docs)
+            prev = input_ids[:, -1]
+            finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            for i in range(max_new_tokens):
+                nxt = sample_next(logits, temperature, top_k, top_p, generator)
+                if eos_id is not None:
+                    nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
+                    finished |= nxt == eos_id
+                out.append(nxt.unsqueeze(1))
+                if i == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
+                    break
+                logits = self.step(nxt, cache, None if reset_after is None else prev == reset_after)
+                prev = nxt
+        return torch.cat(out, dim=1)          # made outside: an ordinary tensor, not an inference tensor
     finally:
         self.train(was_training)

@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['trapezoid_coefs', 'ssd_siso_loop', 'segsum', 'ssd_minimal', 'angle_rate', 'angle_increment', 'wrap_angle',
-           'rotate_pairs', 'SSDState', 'recurrence_step', 'ssd_naive', 'ssd_random_inputs', 'ssd_random_state', 'nmax',
-           'p95', 'angle_err', 'ssd_complex_naive', 'cumulative_angle', 'scan_scalars', 'seed_state', 'ssd_chunked',
-           'seq_idx_from_eos']
+           'rotation_tables', 'rotate_pairs', 'SSDState', 'recurrence_step', 'ssd_naive', 'ssd_random_inputs',
+           'ssd_random_state', 'nmax', 'p95', 'angle_err', 'ssd_complex_naive', 'cumulative_angle', 'scan_scalars',
+           'seed_state', 'pass_states', 'ssd_chunked', 'seq_idx_from_eos']
 
 # %% ../nbs/00_ssd.ipynb #7cadeeae
 import math
@@ -96,17 +96,28 @@ def wrap_angle(phi):
         r = (phi - k * hi) - k * lo
         r = torch.where(r < 0, r + two_pi, r)             # rounding guards: keep r in [0, 2π)
         r = torch.where(r >= two_pi, r - two_pi, r)
+    if not (phi.requires_grad and torch.is_grad_enabled()): return r  # (decode: no gradient to pass on)
     return r + (phi - phi.detach())
 
-def rotate_pairs(v, phi):
-    "Rotate the interleaved pairs (2j, 2j+1), j < S, of v (..., N) by phi (..., S); dims >= 2S are untouched."
+def rotation_tables(phi, N):
+    """phi (..., S) spread over N state dims: c = (cos φ_0, cos φ_0, ..., cos φ_{S-1}, cos φ_{S-1}, 1, ...) and
+    s = (−sin φ_0, sin φ_0, ..., 0, ...), both (..., N). Computed once, they rotate every tensor that shares the angles."""
     S = phi.shape[-1]
-    if S == 0: return v
-    pairs, rest = v.split((2 * S, v.shape[-1] - 2 * S), dim=-1)
-    p, q = pairs.unflatten(-1, (S, 2)).unbind(-1)                      # v_{2j}, v_{2j+1}  (..., S)
     cos, sin = torch.cos(phi), torch.sin(phi)
-    rot = torch.stack((p * cos - q * sin, p * sin + q * cos), dim=-1).flatten(-2)
-    return torch.cat((rot, rest), dim=-1)
+    c = F.pad(torch.stack((cos, cos), -1).flatten(-2), (0, N - 2 * S), value=1.0)
+    s = F.pad(torch.stack((-sin, sin), -1).flatten(-2), (0, N - 2 * S))
+    return c, s
+
+def rotate_pairs(v, phi, tables=None):
+    """Rotate the interleaved pairs (2j, 2j+1), j < S, of v (..., N) by phi (..., S); dims >= 2S are untouched.
+    As v·c + swap(v)·s: (v_{2j} cos − v_{2j+1} sin, v_{2j+1} cos + v_{2j} sin), 3 elementwise ops, no split or cat.
+    `tables`: `rotation_tables(phi, N)`, when several tensors share phi."""
+    S, N = phi.shape[-1], v.shape[-1]
+    if S == 0: return v
+    c, s = rotation_tables(phi, N) if tables is None else tables
+    w = v if N % 2 == 0 else F.pad(v, (0, 1))
+    swapped = w.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)[..., :N]   # (v_1, v_0, v_3, v_2, ...); s is 0 past 2S
+    return v * c + swapped * s
 
 # %% ../nbs/00_ssd.ipynb #57fce8fc
 class SSDState(NamedTuple):
@@ -131,12 +142,14 @@ def recurrence_step(state: tuple, x, dt, A, lam, B, C, theta, D, reset=None):
         angle, h, k_prev, v_prev = (_zero_rows(t, reset) for t in (angle, h, k_prev, v_prev))
     if theta is not None:
         angle = wrap_angle(angle + angle_increment(dt, theta))              # (b, H, S)
-    q = rotate_pairs(C, angle[:, :, None])                                  # C̃_t (b, H, R, N)
-    k = rotate_pairs(B, angle[:, :, None])                                  # B̃_t (b, H, R, N)
+    at = angle[:, :, None]
+    tables = rotation_tables(at, B.shape[-1]) if at.shape[-1] else None     # one cos/sin table for C and B
+    q = rotate_pairs(C, at, tables)                                         # C̃_t (b, H, R, N)
+    k = rotate_pairs(B, at, tables)                                         # B̃_t (b, H, R, N)
     alpha, beta, gamma = (c[..., None, None] for c in trapezoid_coefs(dt, A, lam))
-    h = (alpha * h + beta * torch.einsum('bhrp,bhrn->bhpn', v_prev, k_prev)
-         + gamma * torch.einsum('bhrp,bhrn->bhpn', x, k))                   # (b, H, P, N)
-    return torch.einsum('bhpn,bhrn->bhrp', h, q) + D[:, None, None] * x, (angle, h, k, x)
+    outer = (lambda v, k: v.transpose(-1, -2) * k) if x.shape[-2] == 1 else (lambda v, k: v.transpose(-1, -2) @ k)
+    h = alpha * h + beta * outer(v_prev, k_prev) + gamma * outer(x, k)     # Σ_r v_r k_rᵀ: (P×R)(R×N); R = 1: one product
+    return q @ h.transpose(-1, -2) + D[:, None, None] * x, (angle, h, k, x)   # y_r = h C̃_r (b, H, R, P)
 
 def ssd_naive(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, seq_idx=None):
     "Golden Mamba-3 SSM recurrence in the rotated frame, one token at a time; seq_idx (b, T) restarts at each document (§11). Returns (y, SSDState)."
@@ -347,10 +360,12 @@ def _from_chunks(t, T):
     return t.reshape(b, H, nc * L, *rest)[:, :, :T].transpose(1, 2)
 
 def cumulative_angle(delta, angle0, chunk_size, reset=None):
-    """Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus a carry wrapped at every chunk, in fp64: delta (b, T, H, S),
-    angle0 (b, H, S) -> (b, T, H, S). reset (b, T) bool restarts the sum at each document start (Φ_t = δ_t there, §11)."""
+    """Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus the carry into each chunk (a cumsum of the chunk totals),
+    in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S). reset (b, T) bool restarts the sum at each document start
+    (Φ_t = δ_t there, §11)."""
+    if delta.shape[-1] == 0: return delta                                 # no angles (S = 0)
     local = _to_chunks(delta.double(), chunk_size).cumsum(3)              # (b, H, n_c, L, S)
-    carried = torch.ones_like(local[..., :1])                             # does the carry reach token l? (b, H, n_c, L, 1)
+    carried = None                                                        # does the carry reach token l? (b, H, n_c, L, 1)
     if reset is not None:
         starts = _to_chunks(reset[:, :, None].expand(-1, -1, delta.shape[2]).double(), chunk_size) > 0   # (b, H, n_c, L)
         pos = torch.arange(starts.shape[-1], device=delta.device)
@@ -358,11 +373,17 @@ def cumulative_angle(delta, angle0, chunk_size, reset=None):
         before = local.gather(3, (last - 1).clamp_min(0)[..., None].expand_as(local))
         local = local - torch.where((last > 0)[..., None], before, 0.0)   # rotation since that start
         carried = (last < 0)[..., None].double()
-    carry, carries = angle0.double(), []
-    for total, reach in zip(local[:, :, :, -1].unbind(2), carried[:, :, :, -1].unbind(2)):   # (b, H, S), (b, H, 1)
-        carries.append(carry)
-        carry = wrap_angle(reach * carry + total)
-    phi = wrap_angle(carried * torch.stack(carries, 2)[:, :, :, None] + local)
+    before = F.pad(local[:, :, :-1, -1].cumsum(2), (0, 0, 1, 0))          # Σ of the chunk totals before chunk c (b, H, n_c, S)
+    a0 = angle0.double()[:, :, None]
+    if reset is None: carry = before + a0
+    else:                                                                 # the carry restarts after the last chunk < c holding a start
+        pos = torch.arange(local.shape[2], device=delta.device)
+        m = torch.where(carried[:, :, :, -1, 0] == 0, pos, -1).cummax(-1).values   # last chunk <= c holding a start, or -1
+        m = F.pad(m[..., :-1], (1, 0), value=-1)                          # ... < c
+        since = before - before.gather(2, m.clamp_min(0)[..., None].expand_as(before))
+        carry = since + torch.where((m < 0)[..., None], a0, 0.0)          # Φ_{-1} only where no start came before
+    start = wrap_angle(carry)[:, :, :, None]                              # (b, H, n_c, 1, S)
+    phi = wrap_angle((start if carried is None else carried * start) + local)
     return _from_chunks(phi, delta.shape[1]).to(delta.dtype)
 
 # %% ../nbs/00_ssd.ipynb #a8c7fcf2
@@ -380,6 +401,52 @@ def seed_state(h, k, v, eps0):
     "The carried state h'_{-1} = h̃ + ε_0 Σ_r v_r k_rᵀ a run from a cache starts with (no α_0): h (b, H, P, N), k (b, H, R, N), v (b, H, R, P), eps0 (b, H)."
     return h + eps0[..., None, None] * torch.einsum('bhrp,bhrn->bhpn', v, k)
 
+class _Decayed(torch.autograd.Function):
+    """G = M ⊙ W with the decay matrix W = e^{segsum(a, strict)}: M (..., L, L), a (..., L) -> (G, W). Its backward is
+    written out: ∂W/∂segsum = W gives ∂a_r = Σ_{l >= r > s} (∂G ⊙ G)_{ls}, a row cumsum and a column sum (no flips)."""
+    @staticmethod
+    def forward(ctx, M, a):
+        W = torch.exp(segsum(a, strict=True))
+        G = M * W
+        ctx.save_for_backward(W, G)
+        return G, W
+
+    @staticmethod
+    def backward(ctx, gG, gW):
+        W, G = ctx.saved_tensors
+        gS = gG * G if gW is None else gG * G + gW * W                     # ∂ / ∂segsum(a)_{ls}
+        before = gS.cumsum(-1) - gS                                         # Σ_{s<r} gS_{ls} at column r
+        return gG * W, before.tril().sum(-2)                                # ... summed over l >= r
+
+def pass_states(log_decay, s_loc, h_seed, block=None):
+    """State passing H_in[c+1] = e^{g_c} H_in[c] + S_c, H_in[0] = h_seed: log_decay g (b, H, n_c) (−∞ allowed),
+    s_loc (b, H, n_c, P, N), h_seed (b, H, P, N) -> (H_in (b, H, n_c, P, N), the final state (b, H, P, N)).
+    block = 1: a loop over the chunks. block > 1: within each block of `block` chunks one matrix product with the decays
+    between chunks (e^{g_c + ... + g_{z-1}}, lower-triangular), between blocks a loop of ⌈n_c/block⌉ steps; `block` times
+    the arithmetic of the loop in a few large ops. None: 32 when a state (b·H·P·N numbers) is small enough that the loop's
+    per-op overhead dominates (<= 2^15), else 1."""
+    b, H, nc, P, N = s_loc.shape
+    if block is None: block = 32 if b * H * P * N <= 2 ** 15 else 1
+    if block == 1:
+        h_in, h_run = [], h_seed
+        for g_c, s_c in zip(torch.exp(log_decay).unbind(2), s_loc.unbind(2)):
+            h_in.append(h_run)
+            h_run = g_c[:, :, None, None] * h_run + s_c
+        return torch.stack(h_in, 2), h_run
+    M = min(nc, block)
+    nb = -(-nc // M)
+    g = F.pad(log_decay, (0, nb * M - nc)).view(b, H, nb, M)                # padding chunks: e^0 = 1, S = 0
+    s = F.pad(s_loc.reshape(b, H, nc, P * N), (0, 0, 0, nb * M - nc)).view(b, H, nb, M, P * N)
+    E = torch.exp(segsum(F.pad(g, (1, 0))))                                 # (b, H, n_b, M+1, M+1): row z after z chunks
+    own = E[..., 1:] @ s                                                    # what the block's own chunks wrote (b, H, n_b, M+1, PN)
+    h_run, rows = h_seed.reshape(b, H, 1, P * N), []
+    for j in range(nb):                                                     # the state entering each block, carried
+        out = own[:, :, j] + E[:, :, j, :, :1] * h_run                      # (b, H, M+1, PN)
+        rows.append(out[:, :, :-1])
+        h_run = out[:, :, -1:]
+    h_in = (rows[0] if nb == 1 else torch.cat(rows, 2))[:, :, :nc]
+    return h_in.view(b, H, nc, P, N), h_run.view(b, H, P, N)
+
 # %% ../nbs/00_ssd.ipynb #65168138
 def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, seq_idx=None):
     "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive` (seq_idx included), any T, any chunk_size >= 1."
@@ -392,35 +459,34 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     # pre-pass over the real tokens, before any padding
     adt, gamma, eps, sigma = scan_scalars(z.dt, z.A, z.lam, z.reset)           # ΔA, γ, ε, σ (b, T, H)
     phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset)   # (b, T, H, S)
-    Bt = rotate_pairs(z.B, phi[:, :, :, None])                          # B̃ (b, T, H, R, N)
-    Ct = rotate_pairs(z.C, phi[:, :, :, None])                          # C̃ (b, T, H, R, N)
+    tables = rotation_tables(phi[:, :, :, None], z.B.shape[-1]) if phi.shape[-1] else None   # cos, ±sin (b, T, H, 1, N)
+    Bt = rotate_pairs(z.B, phi[:, :, :, None], tables)                  # B̃ (b, T, H, R, N)
+    Ct = rotate_pairs(z.C, phi[:, :, :, None], tables)                  # C̃ (b, T, H, R, N)
     K = sigma[..., None, None] * Bt                                     # scaled keys
-    h_seed = seed_state(h0, k0, v0, eps[:, 0])                          # h'_{-1} (b, H, P, N), no α₀
+    h_seed = h0 if initial_state is None else seed_state(h0, k0, v0, eps[:, 0])   # h'_{-1} (b, H, P, N), no α₀ (zero: none)
     # chunks (b, H, n_c, L, ...), with (token, rank) flattened into L·R rows
     a_c = _to_chunks(adt, L)                                            # (b, H, n_c, L)
     nc = a_c.shape[2]
     rows = lambda t: _to_chunks(t, L).reshape(b, H, nc, L * R, t.shape[-1])
     per_row = lambda t: t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
     Q, Kc, V = rows(Ct), rows(K), rows(z.x)                             # (b, H, n_c, L·R, N | N | P)
-    W = torch.exp(segsum(a_c, strict=True))                             # e^{a_l - a_s} [l > s] (b, H, n_c, L, L), exponents <= 0
-    W = W[..., :, None, :, None]                                        # strictly causal in tokens, ⊗ 1_{R×R}
-    G = (Q @ Kc.transpose(-1, -2)).view(b, H, nc, L, R, L, R) * W       # (C̃_l · K_s) e^{a_l - a_s}
-    y_intra = G.view(b, H, nc, L * R, L * R) @ V                        # (b, H, n_c, L·R, P)
-    after = F.pad(a_c[..., 1:], (0, 1)).flip(-1).cumsum(-1).flip(-1)    # a_{s+1} + ... + a_{L-1}, summed directly
-    to_end = per_row(torch.exp(after))                                  # e^{a_{L-1} - a_s} (b, H, n_c, L·R)
+    QK = Q @ Kc.transpose(-1, -2)                                       # C̃_l · K_s (b, H, n_c, L·R, L·R)
+    if R == 1: G, W = _Decayed.apply(QK, a_c)                           # (C̃_l · K_s) e^{a_l - a_s} [l > s], exponents <= 0
+    else:                                                               # strictly causal in tokens, ⊗ 1_{R×R}
+        W = torch.exp(segsum(a_c, strict=True))
+        G = QK * W.repeat_interleave(R, -2).repeat_interleave(R, -1)
+    to_end = per_row(F.pad(W[..., -1, :-1], (0, 1), value=1.0))         # W's last row: e^{a_{L-1} - a_s} (b, H, n_c, L·R)
     s_loc = V.transpose(-1, -2) @ (to_end[..., None] * Kc)              # chunk states S_c (b, H, n_c, P, N)
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
-    chunk_decay = torch.exp(a_cum[..., -1])                             # e^{a_{L-1}} (b, H, n_c)
-    h_in, h_run = [], h_seed
-    for decay_c, s_c in zip(chunk_decay.unbind(2), s_loc.unbind(2)):   # state passing between chunks
-        h_in.append(h_run)
-        h_run = decay_c[:, :, None, None] * h_run + s_c
-    h_in = torch.stack(h_in, 2)                                         # H_in (b, H, n_c, P, N)
+    h_in, h_run = pass_states(a_cum[..., -1], s_loc, h_seed)            # H_in (b, H, n_c, P, N), the final state
     y_state = per_row(torch.exp(a_cum))[..., None] * (Q @ h_in.transpose(-1, -2))   # (b, H, n_c, L·R, P)
-    y = _from_chunks((y_intra + y_state).view(b, H, nc, L, R, P), T)    # (b, T, H, R, P)
+    flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
+    y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part, in the same product
+    y = _from_chunks(y.view(b, H, nc, L, R, P), T)                      # (b, T, H, R, P)
     cb = (z.C[..., :, None, :] * z.B[..., None, :, :]).sum(-1)          # (C·B)_{r r'} (b, T, H, R, R), R is small
     diag = (cb[..., None] * z.x[..., None, :, :]).sum(-2)               # Σ_r' (C·B)_{r r'} v_{r'} (b, T, H, R, P)
-    y = y + gamma[..., None, None] * diag + z.D[:, None, None] * z.x
+    y = y + gamma[..., None, None] * diag
+    if D is not None: y = y + z.D[:, None, None] * z.x
     return _pack_y(y, x, z.mimo), _pack_state(phi[:, -1], h_run, Bt[:, -1], z.x[:, -1], z.mimo)
 
 # %% ../nbs/00_ssd.ipynb #e85d3b33
