@@ -53,6 +53,7 @@ def _carry_f32(phi):
     p = phi.to(tl.float32)
     return tl.where(p >= 6.2831854820251465, 0., p)
 
+# %% ../nbs/01_ssd_triton.ipynb #17005d25
 @triton.jit
 def _mm(a, b, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     "a @ b with both operands cast to DOT_DTYPE, fp32 accumulation."
@@ -97,6 +98,7 @@ def _load_bc(ptr, bias_ptr, lrow, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS
         o = tl.where(mt[:, None], o + bo, 0.)
     return e, o
 
+# %% ../nbs/01_ssd_triton.ipynb #f6220572
 @triton.jit
 def _max(a, b):
     "Combine of a running maximum."
@@ -185,6 +187,7 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, r
     if HAS_THETA:
         tl.store(phit_ptr + bh * S + j, _carry_f32(phi_c), mask=j < S)
 
+# %% ../nbs/01_ssd_triton.ipynb #3dc6f6cd
 @triton.jit
 def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, rst_ptr, y_ptr, ht_ptr, hs_ptr,
                     T, H, NC: constexpr, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
@@ -267,6 +270,7 @@ def _read_state(ct_ptr, hs_ptr, bco, sto, mt, L: tl.constexpr, P: tl.constexpr, 
         q = tl.dot(ct, tl.trans(tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)), acc=q, input_precision=PREC)
     return q
 
+# %% ../nbs/01_ssd_triton.ipynb #d4a4744a
 @triton.jit
 def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_ptr, hs_ptr, T, H, NC: constexpr, sxb, sxt,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_H0: tl.constexpr,
@@ -303,6 +307,7 @@ def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_p
         h = tl.dot(tl.trans(xk), bt, acc=dec * h, input_precision=PREC)
     tl.store(ht_ptr + bh * P * N + sto, h)
 
+# %% ../nbs/01_ssd_triton.ipynb #9a5acdd3
 @triton.jit
 def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, y_ptr,
                           T, H, NC, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
@@ -338,7 +343,6 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     y += ea[:, None] * _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)
     tl.store(y_ptr + xo, y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
 
-
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
 def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC: constexpr,
@@ -373,6 +377,91 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
         dh = dec * dh + tl.dot(tl.trans(dyea), ct, input_precision=PREC)
     tl.store(dh0_ptr + bh * P * N + sto, dh)
 
+# %% ../nbs/01_ssd_triton.ipynb #bb87a265
+@triton.jit
+def _bwd_mask_grads(x, dy, bt_ptr, ct_ptr, bco, mt, t, st, sig, a2, L: tl.constexpr, N: tl.constexpr,
+                    BN: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """The (L, L) part of the DO_X half, held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads it):
+    Wᵀ, the log-decay gradient of the mask (rows +, columns -) and dσ, from dL/d(G σ) ⊙ G."""
+    wt = tl.where(t[:, None] < t[None, :], tl.exp2(tl.minimum(a2[None, :] - a2[:, None], 0.)), 0.)   # Wᵀ
+    if HAS_RST:
+        wt = tl.where(t[:, None] >= st[None, :], wt, 0.)
+    pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * wt * _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
+    dwwt = pgt * sig[:, None]                                                          # (dL/dW ⊙ W)ᵀ
+    return wt, tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1), tl.sum(pgt, axis=1)
+
+@triton.jit
+def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, cbd_ptr, gam_ptr, d_ptr, hs_ptr, dy_ptr, dhs_ptr, dsl_ptr, dx_ptr, dadt_ptr,
+                 dsig_ptr, dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea,
+                 ek, wk, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
+                 HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    "The DO_X half of the chunk backward: dX, d(ΔA), dσ, dγ and the chunk's D partial sum."
+    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                               # (L, P), input dtype
+    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+    rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # γ-diagonal and D skip
+    tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))
+    cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
+    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
+    wt, da, dsig = _bwd_mask_grads(x, dy, bt_ptr, ct_ptr, bco, mt, t, st, sig, a2, L, N, BN, HAS_RST, DOT_DTYPE, PREC)
+    # dX: the intra-chunk product (Gᵀ again: cheaper than holding it), diagonal + skip, and the write into H_out
+    u = tl.zeros((L, P), tl.float32)                                                   # U = B̃ dHᵀ, (L, P)
+    for k in range(0, N, BN):
+        n = k + tl.arange(0, BN)
+        bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)            # (L, BN), dot dtype
+        u = tl.dot(bt, tl.trans(tl.load(dhs_ptr + sto + n[None, :])), acc=u, input_precision=PREC)
+    gwt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC) * (wt * sig[:, None])        # (G ⊙ W ⊙ σ)ᵀ
+    dskip = 0.
+    if HAS_D:
+        dskip = tl.load(d_ptr + ih).to(tl.float32)
+    gam = tl.load(gam_ptr + row, mask=mt, other=0.)
+    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)                             # again: cheaper than holding it
+    dx = _mm(gwt, dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32) + wk[:, None] * u
+    tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
+    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
+    wdot = tl.sum(x.to(tl.float32) * u, axis=1)                                        # B̃·(X dH) per row
+    tl.store(dsig_ptr + row, dsig + ek * wdot, mask=mt)
+    # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
+    q = _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)       # C̃ H_inᵀ, (L, P)
+    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+    r = wk * wdot
+    da += tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1) - r
+    dec = tl.exp(a_last)
+    if HAS_RST:
+        dec = tl.where(last < 0, dec, 0.)
+    da_last = tl.sum(r, axis=0) + dec * tl.load(dsl_ptr + bh * NC + c)
+    tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
+
+# %% ../nbs/01_ssd_triton.ipynb #1adca4b2
+@triton.jit
+def _bwd_chunk_bc(x_ptr, bt_ptr, ct_ptr, gam_ptr, hs_ptr, dy_ptr, dhs_ptr, db_ptr, dc_ptr, row, xo, xx, bco, sto, mt, t,
+                  st, sig, a2, ea, wk, N: tl.constexpr, BN: tl.constexpr, HAS_RST: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """The DO_BC half of the chunk backward: dB̃ and dC̃, a tile of BN state columns at a time. Keys: the intra-chunk
+    product (weight σ) and the state write (weight κ); queries: the intra-chunk product and the inter-chunk read;
+    both: the γ-diagonal."""
+    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
+    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+    gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
+    w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # W
+    if HAS_RST:
+        w = tl.where(t[None, :] >= st[:, None], w, 0.)
+    dgs = (_mm(dy, tl.trans(x), DOT_DTYPE, PREC) * w * sig[None, :]).to(DOT_DTYPE)    # dL/dG, (L, L)
+    xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)
+    dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
+    for k in range(0, N, BN):
+        n = k + tl.arange(0, BN)
+        bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        dh = tl.load(dhs_ptr + sto + n[None, :])                                       # dL/dH_out, (P, BN), dot dtype
+        hin = tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)                        # H_in, (P, BN)
+        db = tl.dot(tl.trans(dgs), ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
+        tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
+                 mask=mt[:, None])
+        dct = tl.dot(dgs, bt, acc=tl.dot(dyea, hin, input_precision=PREC), input_precision=PREC)
+        tl.store(dc_ptr + bco + n[None, :], (dct + gd[:, None] * bt.to(tl.float32)).to(dc_ptr.dtype.element_ty),
+                 mask=mt[:, None])
+
+# %% ../nbs/01_ssd_triton.ipynb #0f8d8409
 @triton.jit
 def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, dy_ptr, dhs_ptr, dsl_ptr,
                           dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dd_ptr, T, H, NC, sxb, sxt,
@@ -405,75 +494,63 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
         ea = tl.where(t < first, ea, 0.)
         ek = tl.where(t >= last, ek, 0.)
+    else:                                                                              # one document: nothing is read
+        st, first, last = t, L, -1
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
     if DO_X:
-        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                           # (L, P), input dtype
-        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-        rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                   # γ-diagonal and D skip
-        tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))
-        cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                 # C·B
-        tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
-        # the (L, L) tiles are held transposed, keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads them
-        wt = tl.where(t[:, None] < t[None, :], tl.exp2(tl.minimum(a2[None, :] - a2[:, None], 0.)), 0.)   # Wᵀ
-        if HAS_RST:
-            wt = tl.where(t[:, None] >= st[None, :], wt, 0.)
-        # the log-decay gradient of the mask (rows +, columns -) and dσ, from dL/d(G σ) ⊙ G
-        pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * wt * _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
-        dwwt = pgt * sig[:, None]                                                      # (dL/dW ⊙ W)ᵀ
-        da = tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1)
-        dsig = tl.sum(pgt, axis=1)
-        # dX: the intra-chunk product (Gᵀ again: cheaper than holding it), diagonal + skip, and the write into H_out
-        u = tl.zeros((L, P), tl.float32)                                               # U = B̃ dHᵀ, (L, P)
-        for k in range(0, N, BN):
-            n = k + tl.arange(0, BN)
-            bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)        # (L, BN), dot dtype
-            u = tl.dot(bt, tl.trans(tl.load(dhs_ptr + sto + n[None, :])), acc=u, input_precision=PREC)
-        gwt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC) * (wt * sig[:, None])    # (G ⊙ W ⊙ σ)ᵀ
-        dskip = 0.
-        if HAS_D:
-            dskip = tl.load(d_ptr + ih).to(tl.float32)
-        gam = tl.load(gam_ptr + row, mask=mt, other=0.)
-        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)                         # again: cheaper than holding it
-        dx = _mm(gwt, dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32) + wk[:, None] * u
-        tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
-        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
-        wdot = tl.sum(x.to(tl.float32) * u, axis=1)                                    # B̃·(X dH) per row
-        tl.store(dsig_ptr + row, dsig + ek * wdot, mask=mt)
-        # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
-        q = _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)   # C̃ H_inᵀ, (L, P)
-        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-        r = wk * wdot
-        da += tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1) - r
-        dec = tl.exp(a_last)
-        if HAS_RST:
-            dec = tl.where(last < 0, dec, 0.)
-        da_last = tl.sum(r, axis=0) + dec * tl.load(dsl_ptr + bh * NC + c)
-        tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
+        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, cbd_ptr, gam_ptr, d_ptr, hs_ptr, dy_ptr, dhs_ptr, dsl_ptr, dx_ptr, dadt_ptr,
+                     dsig_ptr, dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last,
+                     ea, ek, wk, L, P, N, BN, HAS_D, HAS_RST, DOT_DTYPE, PREC)
     if DO_BC:
-        # keys: the intra-chunk product (weight σ) and the state write (weight κ); queries: the intra-chunk product
-        # and the inter-chunk read; both: the γ-diagonal
-        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
-        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-        gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
-        w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # W
-        if HAS_RST:
-            w = tl.where(t[None, :] >= st[:, None], w, 0.)
-        dgs = (_mm(dy, tl.trans(x), DOT_DTYPE, PREC) * w * sig[None, :]).to(DOT_DTYPE)   # dL/dG, (L, L)
-        xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)
-        dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
-        for k in range(0, N, BN):
-            n = k + tl.arange(0, BN)
-            bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-            ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-            dh = tl.load(dhs_ptr + sto + n[None, :])                                   # dL/dH_out, (P, BN), dot dtype
-            hin = tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)                    # H_in, (P, BN)
-            db = tl.dot(tl.trans(dgs), ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
-            tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
-                     mask=mt[:, None])
-            dct = tl.dot(dgs, bt, acc=tl.dot(dyea, hin, input_precision=PREC), input_precision=PREC)
-            tl.store(dc_ptr + bco + n[None, :], (dct + gd[:, None] * bt.to(tl.float32)).to(dc_ptr.dtype.element_ty),
-                     mask=mt[:, None])
+        _bwd_chunk_bc(x_ptr, bt_ptr, ct_ptr, gam_ptr, hs_ptr, dy_ptr, dhs_ptr, db_ptr, dc_ptr, row, xo, xx, bco, sto, mt,
+                      t, st, sig, a2, ea, wk, N, BN, HAS_RST, DOT_DTYPE, PREC)
 
+# %% ../nbs/01_ssd_triton.ipynb #a1568f07
+@triton.jit
+def _angle_head(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
+                ib, ig, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, OM_H, om_hs, G, NJ,
+                L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
+    """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs: its dB̃, dC̃ rotated back
+    (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of its angle carry (row `mine` of `gphi`)
+    stepped to the chunk's start; stores its partial bias sums and its dΔ partial sum."""
+    row = (t0 + t) * H + ih
+    xrow = t * H + ih
+    phi, dt, _ = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
+                               tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), S,
+                               t, st, first, HAS_RST)
+    cs, sn = tl.cos(phi), tl.sin(phi)
+    z = tl.zeros((1,), tl.int32)
+    # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
+    be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
+    be, bo = _rotate(be, bo, cs, sn)
+    ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
+    dphi = go * be - ge * bo
+    gbe, gbo = ge * cs + go * sn, go * cs - ge * sn
+    if HAS_BIAS:
+        _store_pairs(dbb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(gbe, axis=0)[None, :],
+                     tl.sum(gbo, axis=0)[None, :], N, NH)
+    ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
+    ce, co = _rotate(ce, co, cs, sn)
+    ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
+    dphi += go * ce - ge * co
+    gce, gco = ge * cs + go * sn, go * cs - ge * sn
+    if HAS_BIAS:
+        _store_pairs(dcb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(gce, axis=0)[None, :],
+                     tl.sum(gco, axis=0)[None, :], N, NH)
+    g_h = tl.sum(tl.where(mine, gphi, 0.), axis=0)                               # this head's carry
+    if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens, and the carry out if in the last one
+        rev, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add, reverse=True)
+        ddl = rev + tl.where((t >= last)[:, None], g_h[None, :], 0.)
+        g_h = tl.where(last < 0, g_h, 0.) + tl.sum(tl.where((t < first)[:, None], dphi, 0.), axis=0)
+    else:
+        ddl = tl.cumsum(dphi, axis=0, reverse=True) + g_h[None, :]                  # dL/dδ, δ = Δ·ω
+        g_h += tl.sum(dphi, axis=0)
+    om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :],   # ω again:
+                 mask=mt[:, None] & (j < S)[None, :], other=0.)                                 # cheaper than holding it
+    tl.store(ddt_ptr + row * NJ + jb, tl.sum(ddl * om, axis=1), mask=mt)                    # ω = 0 for j >= S
+    return gbe, gbo, gce, gco, ddl * dt[:, None], g_h
+
+# %% ../nbs/01_ssd_triton.ipynb #2deece52
 @triton.jit
 def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, dphit_ptr,
                           db_ptr, dc_ptr, dbb_ptr, dcb_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G,
@@ -491,7 +568,6 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
     mj = (hr < HG)[:, None] & (j < S)[None, :]
     gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
     gphi = tl.load(dphit_ptr + gph, mask=mj, other=0.)                  # dL/d(angle carry out of the chunk), per head
-    z = tl.zeros((1,), tl.int32)
     for i in tl.range(0, NC):                                          # the chunks in reverse
         c = NC - 1 - i
         t0 = ib * T + c * L
@@ -500,63 +576,30 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
             st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
             ends = tl.load(rst_ptr + ib * T + c * L + t + 1, mask=c * L + t + 1 < T, other=0).to(tl.int32)  # t ends a doc
         else:                                                             # one document: nothing is read
-            st, first, last = t, L, -1
+            st, first, last, ends = t, L, -1, t
         dbe = tl.zeros((L, NH), tl.float32); dbo = tl.zeros((L, NH), tl.float32)   # the group's dB, dC pairs
         dce = tl.zeros((L, NH), tl.float32); dco = tl.zeros((L, NH), tl.float32)
         dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
         for hh in range(HG):
             ih = ig * HG + hh
-            row = (t0 + t) * H + ih
-            xrow = t * H + ih
-            phi, dt, _ = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
-                                       tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), S,
-                                       t, st, first, HAS_RST)
-            cs, sn = tl.cos(phi), tl.sin(phi)
-            # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
-            be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
-            be, bo = _rotate(be, bo, cs, sn)
-            ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
-            dphi = go * be - ge * bo
-            ge, go = ge * cs + go * sn, go * cs - ge * sn
-            dbe += ge; dbo += go
-            if HAS_BIAS:
-                _store_pairs(dbb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(ge, axis=0)[None, :],
-                             tl.sum(go, axis=0)[None, :], N, NH)
-            ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
-            ce, co = _rotate(ce, co, cs, sn)
-            ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
-            dphi += go * ce - ge * co
-            ge, go = ge * cs + go * sn, go * cs - ge * sn
-            dce += ge; dco += go
-            if HAS_BIAS:
-                _store_pairs(dcb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(ge, axis=0)[None, :],
-                             tl.sum(go, axis=0)[None, :], N, NH)
             mine = (hr == hh)[:, None]
-            g_h = tl.sum(tl.where(mine, gphi, 0.), axis=0)                # this head's carry
-            if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens, and the carry out if in the last one
-                rev, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add,
-                                             reverse=True)
-                ddl = rev + tl.where((t >= last)[:, None], g_h[None, :], 0.)
-                g_h = tl.where(last < 0, g_h, 0.) + tl.sum(tl.where((t < first)[:, None], dphi, 0.), axis=0)
-            else:
-                ddl = tl.cumsum(dphi, axis=0, reverse=True) + g_h[None, :]          # dL/dδ, δ = Δ·ω
-                g_h += tl.sum(dphi, axis=0)
+            ge, go, he, ho, dom_h, g_h = _angle_head(
+                b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
+                ib, ig, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine,
+                H, S, NC, OM_H, om_hs, G, NJ, L, N, NH, HAS_BIAS, HAS_RST)
+            dbe += ge; dbo += go; dce += he; dco += ho
             gphi = tl.where(mine, g_h[None, :], gphi)
             if OM_SHARED:
-                dom_g += ddl * dt[:, None]
+                dom_g += dom_h
             else:
-                tl.store(dom_ptr + t0 * H * S + xrow[:, None] * S + j[None, :], ddl * dt[:, None],
+                tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h,
                          mask=mt[:, None] & (j < S)[None, :])
-            om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :],  # ω again:
-                         mask=mt[:, None] & (j < S)[None, :], other=0.)                        # cheaper than holding it
-            tl.store(ddt_ptr + row * NJ + jb, tl.sum(ddl * om, axis=1), mask=mt)          # ω = 0 for j >= S
         _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
         _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
         if OM_SHARED:
             tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g,
                      mask=mt[:, None] & (j < S)[None, :])
     tl.store(dphi0_ptr + gph, gphi, mask=mj)
-
 
 # %% ../nbs/01_ssd_triton.ipynb #e49d6212
 KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the launch order: forward, then backward
@@ -672,6 +715,7 @@ def _none_if_empty(t):
     "Custom ops return no None: an empty tensor stands for an absent gradient or state."
     return None if t.numel() == 0 else t
 
+# %% ../nbs/01_ssd_triton.ipynb #976b107a
 @triton_op("mamba3_lite::ssd_fwd", mutates_args=())
 def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional[Tensor], adt: Tensor, sig: Tensor,
              gam: Tensor, om: Optional[Tensor], dt: Tensor, D: Optional[Tensor], h0: Optional[Tensor],
@@ -711,6 +755,31 @@ def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional
                 hs if store else ht, T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None, HAS_H0=h0 is not None, STORE=store)
     return y, ht, phit, Bt, Ct, cbd, hs, phis
 
+# %% ../nbs/01_ssd_triton.ipynb #5ca18841
+def _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, gB, gC, dphit, chunk_size, has_rst):
+    """Launch the angle kernel on the per-head dB̃, dC̃: the group's dB, dC, the bias gradients (empty without biases),
+    dω (summed over the heads when θ is shared), the angle path's dΔ and dΦ₀."""
+    b, T, G, N = B.shape
+    H, NC, S = phis.shape[1:]
+    OM_H = om.shape[2]
+    f32 = dict(device=B.device, dtype=torch.float32)
+    JB = 16                                                              # pairs per program: what fits in registers
+    NJ = max(N // 2, 16) // JB
+    dB, dC = torch.empty_like(B), torch.empty_like(C)
+    dom = torch.empty(b, T, G if OM_H == 1 else H, S, **f32)            # shared ω: summed over the group's heads
+    ddt = torch.empty(b, T, H, NJ, **f32)                                # dΔ: one sum per pair block
+    dphi0 = torch.empty(b, H, S, **f32)
+    pB, pC = (torch.empty(b, NC, H, N, **f32) if Bb is not None else torch.empty(0, **f32) for _ in range(2))
+    _launch(_ssd_bwd_angle_kernel, "bwd_angle", (G, b, NJ), B, C, dt if Bb is None else Bb,
+            dt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dphit, dB, dC, pB, pC, dom, ddt, dphi0,
+            T, H, S, NC, OM_H, int(OM_H > 1), G, L=chunk_size, N=N, NH=JB, HG=H // G,
+            HGP=triton.next_power_of_2(H // G), OM_SHARED=OM_H == 1, HAS_BIAS=Bb is not None, HAS_RST=has_rst)
+    if OM_H == 1 and G > 1: dom = dom.sum(2, keepdim=True)               # ω shared by all heads
+    dBb, dCb = ((pB.sum((0, 1)).to(Bb.dtype), pC.sum((0, 1)).to(Cb.dtype)) if Bb is not None
+                else (torch.empty(0, **f32), torch.empty(0, **f32)))    # (H, N), from the (b, chunk) partial sums
+    return dB, dC, dBb, dCb, dom, ddt.sum(-1), dphi0
+
+# %% ../nbs/01_ssd_triton.ipynb #a45b2aef
 @triton_op("mamba3_lite::ssd_bwd", mutates_args=())
 def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor],
              Cb: Optional[Tensor], Bt: Tensor, Ct: Tensor, cbd: Tensor, adt: Tensor, sig: Tensor, gam: Tensor,
@@ -720,8 +789,7 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     """Backward SSD: gradients of (x, B, C, B_bias, C_bias, ΔA, σ, γ, ω, Δ (angle path), D, h'_{-1}, Φ₀); empty for
     the inputs that are absent."""
     b, T, H, P = x.shape
-    N, S, G = B.shape[-1], (0 if om is None else om.shape[-1]), B.shape[2]
-    OM_H = 1 if om is None else om.shape[2]
+    N, G = B.shape[-1], B.shape[2]
     NC = triton.cdiv(T, chunk_size)
     f32 = dict(device=x.device, dtype=torch.float32)
     none = lambda: torch.empty(0, **f32)                                 # a fresh one each: outputs may not alias
@@ -755,24 +823,12 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
             dB = dB.view(b, T, G, H // G, N).sum(3).to(B.dtype)
             dC = dC.view(b, T, G, H // G, N).sum(3).to(C.dtype)
     else:                            # the angle kernel sums over the heads of each group, on chip
-        JB = 16                                                          # pairs per program: what fits in registers
-        NJ = max(N // 2, 16) // JB
-        dB, dC = torch.empty_like(B), torch.empty_like(C)
-        dom = torch.empty(b, T, G if OM_H == 1 else H, S, **f32)        # shared ω: summed over the group's heads
-        ddt = torch.empty(b, T, H, NJ, **f32)                            # dΔ: one sum per pair block
-        dphi0 = torch.empty(b, H, S, **f32)
-        pb = (lambda: torch.empty(b, NC, H, N, **f32)) if Bb is not None else none   # bias sums per chunk and head
-        pB, pC = pb(), pb()
-        _launch(_ssd_bwd_angle_kernel, "bwd_angle", (G, b, NJ), B, C, adt if Bb is None else Bb,
-                adt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dphit, dB, dC, pB, pC, dom, ddt, dphi0,
-                T, H, S, NC, OM_H, int(OM_H > 1), G, L=chunk_size, N=N, NH=JB, HG=H // G,
-                HGP=triton.next_power_of_2(H // G), OM_SHARED=OM_H == 1, HAS_BIAS=Bb is not None, HAS_RST=has_rst)
-        ddt = ddt.sum(-1)
-        if OM_H == 1 and G > 1: dom = dom.sum(2, keepdim=True)           # ω shared by all heads
-        if Bb is not None: dBb, dCb = pB.sum((0, 1)).to(Bb.dtype), pC.sum((0, 1)).to(Cb.dtype)
+        dB, dC, dBb, dCb, dom, ddt, dphi0 = _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, gB, gC, dphit, chunk_size,
+                                                         has_rst)
     return (dx, dB, dC, dBb, dCb, dadt, dsig, dgam, dom, ddt, none() if D is None else dD.sum((0, 2)).to(D.dtype),
             dh0, dphi0)
 
+# %% ../nbs/01_ssd_triton.ipynb #63151d74
 def _ssd_setup(ctx, inputs, output):
     x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, h0, phi0, rst, chunk_size, precision, store = inputs
     y, ht, phit, Bt, Ct, cbd, hs, phis = output
@@ -839,6 +895,7 @@ def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bia
     _require_cuda(x)
     if precision not in ("ieee", "tf32"): raise ValueError(f'precision: expected "ieee" or "tf32", got {precision!r}')
 
+# %% ../nbs/01_ssd_triton.ipynb #a5e5c977
 def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, precision="ieee",
                B_bias=None, C_bias=None, seq_idx=None):
     """Fused Triton Mamba-3 SSD (SISO): same contract as `mamba3_lite.ssd.ssd_chunked` (seq_idx included); returns (y, SSDState).
