@@ -177,7 +177,7 @@ SILENT_CHECK = re.compile(r"\btest_close\(|\bassert\s+nmax\(")
 SHOWS_VALUE = re.compile(r"\bprint\(|\bcheck_close\(|\bcheck_worst\(|\bassert_grads_close\(|\bdisplay\(")
 # notebooks whose agreement checks do not all show their number yet: each is an expected failure, and one that passes
 # fails the suite (strict), so that it is taken off this list
-SILENT_CHECKS_PENDING = {"01_ssd_triton.ipynb", "09_config.ipynb", "11_train.ipynb", "11a_evaluate.ipynb", "15_harness.ipynb"}
+SILENT_CHECKS_PENDING = {"09_config.ipynb", "11_train.ipynb", "11a_evaluate.ipynb", "15_harness.ipynb"}
 
 
 def silent_checks(nb):
