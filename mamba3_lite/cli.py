@@ -12,7 +12,6 @@ __all__ = ['USER_ERRORS', 'COMMANDS', 'DEFAULT_PROMPT', 'Terminated', 'sigterm_r
 # %% ../nbs/12_cli.ipynb #608332e7
 import argparse
 import contextlib
-import importlib
 import os
 import signal
 import sys
@@ -82,27 +81,27 @@ def _note(e: BaseException) -> str: return f": {e}" if str(e) else ""
 
 # %% ../nbs/12_cli.ipynb #58af5261
 COMMANDS = {
-    "quickstart": ("mamba3_lite.cli", "quickstart_cli", "the main job: prepare the stdlib corpus, train tiny on CPU, evaluate, plot, generate"),
-    "prepare": ("mamba3_lite.cli", "prepare_cli", "tokenize text/.jsonl files into GPT-2 token shards"),
-    "train": ("mamba3_lite.cli", "train_cli", "pretrain from a YAML config (torchrun for several GPUs)"),
-    "eval": ("mamba3_lite.cli", "eval_cli", "validation loss, perplexity and bits per byte of a checkpoint"),
-    "generate": ("mamba3_lite.cli", "generate_cli", "sample text from a checkpoint"),
-    "export": ("mamba3_lite.cli", "export_cli", "write a checkpoint as an official mamba_ssm model directory (config.json + weights)"),
-    "import": ("mamba3_lite.cli", "import_cli", "turn an official mamba_ssm model directory (or hub id) into a run directory"),
-    "install-tokenizer": ("mamba3_lite.cli", "install_tokenizer_cli", "copy a GPT-2 ranks file into tiktoken's cache (air-gapped machines)"),
+    "quickstart": ("quickstart_cli", "the main job: prepare the stdlib corpus, train tiny on CPU, evaluate, plot, generate"),
+    "prepare": ("prepare_cli", "tokenize text/.jsonl files into GPT-2 token shards"),
+    "train": ("train_cli", "pretrain from a YAML config (torchrun for several GPUs)"),
+    "eval": ("eval_cli", "validation loss, perplexity and bits per byte of a checkpoint"),
+    "generate": ("generate_cli", "sample text from a checkpoint"),
+    "export": ("export_cli", "write a checkpoint as an official mamba_ssm model directory (config.json + weights)"),
+    "import": ("import_cli", "turn an official mamba_ssm model directory (or hub id) into a run directory"),
+    "install-tokenizer": ("install_tokenizer_cli", "copy a GPT-2 ranks file into tiktoken's cache (air-gapped machines)"),
 }
 
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: mamba3-lite COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "`mamba3-lite COMMAND --help` explains each command's flags."]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    "Entry point of the `mamba3-lite` console script: route `argv[0]` to its command's CLI function."
+    "Entry point of the `mamba3-lite` console script (and of `python -m mamba3_lite.cli`): route `argv[0]` to its command's CLI function."
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -111,8 +110,7 @@ def main(argv=None) -> int:
     if name not in COMMANDS:
         print(f"mamba3-lite: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    module, func, _ = COMMANDS[name]
-    return getattr(importlib.import_module(module), func)(rest)
+    return globals()[COMMANDS[name][0]](rest)   # each command's function is defined below, in this module
 
 # %% ../nbs/12_cli.ipynb #b5b72a9f
 def prepare_parser() -> argparse.ArgumentParser:
@@ -224,7 +222,7 @@ def train_parser() -> argparse.ArgumentParser:
     p = CLIParser(prog="mamba3-lite train", description=
         "Pretrain a Mamba-3 LM from a YAML config (sections model/data/training). Flags override the YAML. "
         "Resumes automatically from the latest valid checkpoint in the checkpoint directory. "
-        "Multi-GPU: torchrun --nproc_per_node=K -m mamba3_lite.train --config F ...")
+        "Multi-GPU: torchrun --nproc_per_node=K -m mamba3_lite.cli train --config F ...")
     p.add_argument("--config", required=True, metavar="F", help="a packaged config by name (tiny_cpu, pretrain_a100_400m) or a YAML file")
     p.add_argument("--data-path", metavar="P", help="prepared corpus (directory with train/ and val/); overrides data.data_path")
     p.add_argument("--checkpoint-dir", metavar="D", help="run directory for checkpoints and metrics.jsonl; overrides training.checkpoint_dir")
@@ -281,7 +279,7 @@ def _resume_command(argv) -> str:
         if x == "--resume": next(it, None)
         elif not (x.startswith("--resume=") or x == "--reset-optimizer"): args.append(x)
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return ("torchrun <the same launcher flags> -m mamba3_lite.train " if multi else "mamba3-lite train ") + shlex.join(args)
+    return ("torchrun <the same launcher flags> -m mamba3_lite.cli train " if multi else "mamba3-lite train ") + shlex.join(args)
 
 
 def train_cli(argv=None) -> int:
@@ -579,3 +577,7 @@ def quickstart_cli(argv=None) -> int:
         print("[quickstart] sample:\n" + s["sample"])
         return 0
     return run_cli(quickstart_parser(), argv, body)
+
+# %% ../nbs/12_cli.ipynb #c1e0a5b3
+if __name__ == "__main__" and sys.argv[0].endswith("cli.py"):   # `python -m mamba3_lite.cli COMMAND ...` (not a notebook kernel)
+    sys.exit(main())

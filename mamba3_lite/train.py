@@ -261,7 +261,7 @@ def _rank0(self: Pretrainer, fn: Callable):
 
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
-def evaluate(self: Pretrainer) -> dict:
+def validate(self: Pretrainer) -> dict:
     "Validation loss/ppl at the current step (recorded in `self.evals` and the logger)."
     r = evaluate(self.raw_model, self.val_batches(), self.autocast_dtype)
     r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"]}
@@ -324,7 +324,7 @@ def train(self: Pretrainer) -> dict:
 def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
     t = self.config.training
     if not resumed and t.eval_at_start:
-        self.evaluate()
+        self.validate()
     first_step, streak = self.step, 0
     last_eval, last_save = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
     while self.step < t.max_steps:
@@ -350,12 +350,12 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
         self.step += 1
         self.tokens_seen += self.tokens_per_step
         if self.step % t.eval_every == 0:
-            self.evaluate(); last_eval = self.step
+            self.validate(); last_eval = self.step
         if self.step % t.save_every == 0:
             self.save_checkpoint(); last_save = self.step
     self._data_check.result()
     if last_eval != self.step:
-        self.evaluate()
+        self.validate()
     if last_save != self.step:
         self.save_checkpoint(tag="final")
     return {"run_dir": str(self.run_dir), "first_step": first_step, "final_step": self.step,
@@ -447,12 +447,6 @@ def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Ca
             dist.destroy_process_group()
 
 # %% ../nbs/11_train.ipynb #c2ede8d0
-def _in_ipython() -> bool:
-    "True inside a notebook kernel (where `__name__` is also '__main__')."
-    ip = sys.modules.get("IPython")
-    return ip is not None and ip.get_ipython() is not None
-
-
-if __name__ == "__main__" and not _in_ipython():   # `torchrun ... -m mamba3_lite.train` runs the train command
-    from mamba3_lite.cli import train_cli
-    sys.exit(train_cli())
+if __name__ == "__main__" and sys.argv[0].endswith("train.py"):   # `python -m mamba3_lite.train` (not a notebook kernel)
+    sys.exit("python -m mamba3_lite.train: this module has no command line; run `mamba3-lite train ...`, "
+             "or `torchrun ... -m mamba3_lite.cli train ...` for several processes")
