@@ -335,7 +335,6 @@ def _limit(s: str) -> float:
 def eval_cli(argv=None) -> int:
     "`mamba3-lite eval ...`; returns the exit code."
     from mamba3_lite.data import PretrainDataset, prepared_root, verify_in_background
-    from mamba3_lite.ssd import seq_idx_from_eos
     from mamba3_lite.config import apply_num_threads
     from mamba3_lite.evaluate import evaluate_bits_per_byte, load_trained
     def body(a):
@@ -349,10 +348,10 @@ def eval_cli(argv=None) -> int:
         model, cfg, meta = load_trained(a.checkpoint_dir, a.step, a.device)
         apply_num_threads(cfg.training.num_threads, a.device)
         enc = gpt2_encoding()
-        ds = PretrainDataset(prepared_root(a.data_path, (a.split,)), cfg.data.max_seq_len, model.config.vocab_size, split=a.split)
+        ds = PretrainDataset(prepared_root(a.data_path, (a.split,)), cfg.data.max_seq_len, model.config.vocab_size, split=a.split,
+                             reset_at_eos=cfg.data.reset_at_eos)
         digests = verify_in_background(ds)      # every shard against its manifest, read while the model runs
-        docs = (lambda x: (seq_idx_from_eos(x, ds.eos_id),)) if cfg.data.reset_at_eos else (lambda x: ())
-        batches = (tuple(t.to(a.device) for t in (x, y, *docs(x))) for x, y in ds.eval_batches(a.batch_size, a.max_batches))
+        batches = (b.to(a.device) for b in ds.eval_batches(a.batch_size, a.max_batches))
         r = evaluate_bits_per_byte(model, batches, enc.decode_bytes)
         digests.result()                        # no number from shards that changed after prepare
         print(f"step={meta['step']} | {a.split}_loss={r['loss']:.4f} | ppl={r['ppl']:.2f} | "

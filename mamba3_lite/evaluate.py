@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from .checkpoint import CheckpointManager
 from .config import TrainingConfig, build_model_config, config_from_dict
-from .data import PretrainDataset, WindowSampler, prepared_root
+from .data import Batch, PretrainDataset, WindowSampler, prepared_root
 from .distributed import DistEnv
 from .model import Mamba3Transformer
 
@@ -27,14 +27,13 @@ __all__ = ['TrainStream', 'make_streams', 'autocast_for', 'lm_loss', 'evaluate',
 # %% ../nbs/11a_evaluate.ipynb #d0530135
 class TrainStream:
     "This rank's training batches: windows in `WindowSampler` order, moved to `device`; resumable."
-    def __init__(self, dataset, sampler, device: torch.device, doc_index: bool = False):
-        self.dataset, self.sampler, self.device, self.doc_index = dataset, sampler, device, doc_index
+    def __init__(self, dataset, sampler, device: torch.device):
+        self.dataset, self.sampler, self.device = dataset, sampler, device
         self._it = iter(sampler)
 
     def next_batch(self):
-        "The next (inputs, targets), each (b, T) long on the device."
-        get = self.dataset.get_doc_batch if self.doc_index else self.dataset.get_batch
-        return tuple(t.to(self.device, non_blocking=True) for t in get(next(self._it)))
+        "The next `Batch` (each tensor (b, T) long) on the device."
+        return self.dataset.get_batch(next(self._it)).to(self.device, non_blocking=True)
 
     def state_dict(self) -> dict: return self.sampler.state_dict()
 
@@ -59,18 +58,19 @@ def _use_dummy(config: TrainingConfig, log) -> bool:
 
 
 def make_streams(config: TrainingConfig, env: DistEnv, vocab_size: int, log=print):
-    "(train stream, callable yielding this rank's fixed validation batches) for a run."
+    "(train stream, callable yielding this rank's fixed validation `Batch`es) for a run."
 
     d, t = config.data, config.training
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the dummy layout's warning is replaced by our own line
         if _use_dummy(config, log):
-            train = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed)
-            val = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed + 1, dummy_windows=256)
+            train = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed, reset_at_eos=d.reset_at_eos)
+            val = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed + 1, dummy_windows=256,
+                                  reset_at_eos=d.reset_at_eos)
         else:   # the prepared root: one split directory would serve as both train and val
             root = prepared_root(d.data_path)
-            train = PretrainDataset(root, d.max_seq_len, vocab_size, split="train")
-            val = PretrainDataset(root, d.max_seq_len, vocab_size, split="val")
+            train, val = (PretrainDataset(root, d.max_seq_len, vocab_size, split=s, reset_at_eos=d.reset_at_eos)
+                          for s in ("train", "val"))
     sampler = WindowSampler(len(train), t.micro_batch_size, shuffle=d.shuffle, seed=t.seed,
                             rank=env.rank, world_size=env.world_size)
     b, w = t.micro_batch_size, env.world_size
@@ -82,10 +82,9 @@ def make_streams(config: TrainingConfig, env: DistEnv, vocab_size: int, log=prin
 
     def val_batches():
         for i in range(n_batches):
-            get = val.get_doc_batch if d.reset_at_eos else val.get_batch
-            yield tuple(t.to(env.device) for t in get(mine[i * b:(i + 1) * b]))
+            yield val.get_batch(mine[i * b:(i + 1) * b]).to(env.device)
     val_batches.dataset = val  # for the trainer's shard check
-    return TrainStream(train, sampler, env.device, d.reset_at_eos), val_batches
+    return TrainStream(train, sampler, env.device), val_batches
 
 # %% ../nbs/11a_evaluate.ipynb #b51ddaed
 def autocast_for(device: torch.device, dtype):
@@ -95,25 +94,23 @@ def autocast_for(device: torch.device, dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 # %% ../nbs/11a_evaluate.ipynb #87f5df34
-def lm_loss(model: torch.nn.Module, batch) -> torch.Tensor:
-    "The mean next-token loss of one batch: (inputs, targets) or (inputs, targets, seq_idx), each (b, T); no logits kept."
-    x, y, *docs = batch
-    return model(x, targets=y, return_logits=False, **({"seq_idx": docs[0]} if docs else {})).loss
+def lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    "The mean next-token loss of one `Batch` (its `seq_idx`, when set, restarts the state at each document); no logits kept."
+    return model(batch.x, targets=batch.y, return_logits=False, seq_idx=batch.seq_idx).loss
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches, autocast_dtype=None) -> dict:
-    "Token-mean loss and perplexity of `model` over `batches` of (inputs, targets[, seq_idx])."
+    "Token-mean loss and perplexity of `model` over `Batch`es."
     was_training = model.training
     model.eval()
     total, count, device = None, 0, None
     for batch in batches:
-        x, y = batch[:2]
-        device = x.device
-        with autocast_for(x.device, autocast_dtype):
+        n, device = batch.y.numel(), batch.x.device
+        with autocast_for(device, autocast_dtype):
             loss = lm_loss(model, batch).float()
-        total = loss * y.numel() if total is None else total + loss * y.numel()
-        count += y.numel()
+        total = loss * n if total is None else total + loss * n
+        count += n
     if count == 0:
         raise ValueError("evaluate needs at least one validation batch")
     stats = torch.stack([total, torch.tensor(float(count), device=device)])
@@ -151,7 +148,7 @@ def evaluate_bits_per_byte(model, batches, decode_bytes: Callable[[list], bytes]
     "Token-mean loss, perplexity and bits per byte (bytes of the decoded target tokens) over `batches`."
     nll, n_tok, n_bytes = 0.0, 0, 0
     for batch in batches:
-        y = batch[1]
+        y = batch.y
         nll += lm_loss(model, batch).double().item() * y.numel()
         n_tok += y.numel()
         n_bytes += sum(len(decode_bytes(row)) for row in y.tolist())

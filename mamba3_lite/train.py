@@ -55,12 +55,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, *,
                scheduler=None, max_grad_norm: float = 1.0, autocast_dtype=None,
                sync: Optional[Callable[[bool], Any]] = None) -> StepResult:
-    "One optimizer step over `micro_batches`, a list of (inputs, targets[, seq_idx]) of shape (b, T)."
+    "One optimizer step over `micro_batches`, a list of `Batch`es of shape (b, T)."
     if not micro_batches:
         raise ValueError("train_step needs at least one micro-batch")
     model.train()
     n = len(micro_batches)
-    device = micro_batches[0][0].device
+    device = micro_batches[0].x.device
     loss_sum = torch.zeros((), device=device)
     for i, batch in enumerate(micro_batches):
         with (sync(i == n - 1) if sync is not None else contextlib.nullcontext()):

@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from mamba3_lite.data import Batch
 from mamba3_lite.testing import gpt2_available, run_captured
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite import cli as CLI
@@ -55,7 +56,7 @@ class RecordingAdamW(torch.optim.AdamW):
 def batch(b=4, T_=16, vocab=256, seed=0):
     g = torch.Generator().manual_seed(seed)
     w = torch.randint(0, vocab, (b, T_ + 1), generator=g)
-    return w[:, :-1], w[:, 1:]
+    return Batch(w[:, :-1], w[:, 1:])
 
 
 def test_train_step_finite_moves_and_clips():
@@ -100,9 +101,9 @@ def test_lr_schedule_key_values():
 
 
 def test_accumulation_equivalence_2x8_vs_1x16():
-    x, y = batch(b=16, seed=5)
+    x, y = (lambda b: (b.x, b.y))(batch(b=16, seed=5))
     results = []
-    for parts in ([(x, y)], [(x[:8], y[:8]), (x[8:], y[8:])]):
+    for parts in ([Batch(x, y)], [Batch(x[:8], y[:8]), Batch(x[8:], y[8:])]):
         m = tiny_model(seed=1)
         opt = torch.optim.SGD(m.parameters(), lr=1.0)
         r = T.train_step(m, opt, parts, max_grad_norm=1e9)
@@ -121,9 +122,9 @@ def test_nonfinite_step_is_skipped():
     before = [p.detach().clone() for p in m.parameters()]
     with torch.no_grad():
         m.embed.weight[0, 0] = float("nan")
-    x, y = batch()
-    x[0, 0] = 0
-    r = T.train_step(m, opt, [(x, y)], scheduler=sched)
+    b = batch()
+    b.x[0, 0] = 0
+    r = T.train_step(m, opt, [b], scheduler=sched)
     assert r.skipped and not math.isfinite(r.loss)
     assert sched.last_epoch == 0 and not opt.state  # neither the schedule nor the optimizer moved
     assert all(p.grad is None for p in m.parameters())
@@ -359,14 +360,15 @@ def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     on = parse(["--reset-at-eos"])
     assert on.data.reset_at_eos is True
     env = setup_distributed("cpu")
-    assert len(E.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch()) == 2
+    assert E.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch().seq_idx is None
     stream, val_batches = E.make_streams(on, env, 50257, log=QUIET)
-    x, y, sid = stream.next_batch()
+    b = stream.next_batch()
+    x, y, sid = b.x, b.y, b.seq_idx
     assert torch.equal(sid, seq_idx_from_eos(x, GPT2_EOS_ID)) and sid.max() > 0 and torch.equal(x[:, 1:], y[:, :-1])  # exact: token ids
-    assert all(len(b) == 3 for b in val_batches())
+    assert all(v.seq_idx is not None for v in val_batches())
     model = tiny_model(vocab=50257)
     with torch.no_grad():
-        packed, plain = E.lm_loss(model, (x, y, sid)), E.lm_loss(model, (x, y))
+        packed, plain = E.lm_loss(model, b), E.lm_loss(model, Batch(x, y))
         assert torch.equal(packed, model(x, targets=y, seq_idx=sid, return_logits=False).loss) and abs(packed - plain) > 1e-4  # exact: the same call
         r = E.evaluate(model, val_batches())
     assert math.isfinite(r["loss"])
