@@ -76,7 +76,7 @@ needs_gpt2 = pytest.mark.skipif(not gpt2_available(), reason="GPT-2 ranks not av
 def test_second_trainer_on_a_run_dir_exits_2_and_a_killed_holder_leaves_no_stale_lock(tmp_path):
     run = tmp_path / "run"
     cfg_file = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=100_000, save_every=2))
-    cmd = [sys.executable, "-m", "mamba3_lite.train", "--config", str(cfg_file)]
+    cmd = [sys.executable, "-m", "mamba3_lite.cli", "train", "--config", str(cfg_file)]
     first = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              start_new_session=True)
     try:
@@ -251,7 +251,7 @@ def test_disk_full_while_saving_is_one_line(tmp_path):
     run = tmp_path / "small"
     run.mkdir()
     cfg = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=4, save_every=1))
-    script = (f"mount -t tmpfs -o size=4m none {run} && {sys.executable} -m mamba3_lite.train --config {cfg}")
+    script = (f"mount -t tmpfs -o size=4m none {run} && {sys.executable} -m mamba3_lite.cli train --config {cfg}")
     r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr[-2000:]

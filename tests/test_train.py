@@ -180,7 +180,7 @@ def test_resume_after_kill_is_bit_exact(tmp_path):
     T.run_training(straight, log=QUIET)
     killed_dir = tmp_path / "killed"
     cfg_file = write_yaml(tmp_path / "k.yaml", tiny_cfg(killed_dir, max_steps=n, save_every=4))
-    cmd = [sys.executable, "-m", "mamba3_lite.train", "--config", str(cfg_file)]
+    cmd = [sys.executable, "-m", "mamba3_lite.cli", "train", "--config", str(cfg_file)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -227,7 +227,7 @@ def test_missing_data_is_an_error_but_dry_run_uses_dummy(tmp_path):
 def test_config_errors(tmp_path):
     with pytest.raises(Cfg.ConfigError, match=r"unknown key\(s\) \['lr_max'\].*valid keys: seed, lr"):
         Cfg.config_from_dict({"training": {"lr_max": 1.0}})
-    with pytest.raises(Cfg.ConfigError, match=r"unknown key\(s\) \['chunksize'\] in section 'model'; valid keys: preset, vocab_size"):
+    with pytest.raises(Cfg.ConfigError, match=r"unknown key\(s\) \['chunksize'\] in section 'model'; valid keys: preset, d_model"):
         Cfg.config_from_dict({"model": {"chunksize": 64}})
     with pytest.raises(Cfg.ConfigError, match="training.max_steps must be int, got str"):
         Cfg.config_from_dict({"training": {"max_steps": "10"}})
