@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mamba3_lite.config import apply_overrides, build_model_config, build_scheduler, load_config
+from mamba3_lite.config import apply_overrides, build_model_config, load_config
+from mamba3_lite.optim import build_optimizer, build_scheduler
 from mamba3_lite.data import Batch, PretrainDataset
 from mamba3_lite.prepare import prepare_corpus, stdlib_corpus_files
 from mamba3_lite.distributed import setup_distributed
@@ -35,7 +36,7 @@ from mamba3_lite.model import Mamba3Transformer
 from mamba3_lite.ssd import seq_idx_from_eos
 from mamba3_lite.evaluate import lm_loss, make_streams
 from mamba3_lite.files import atomic_write
-from mamba3_lite.train import build_optimizer, keep_freed_memory_in_heap, seed_everything, train_step
+from mamba3_lite.train import keep_freed_memory_in_heap, seed_everything, train_step
 
 HEAD = 64  # "the first 64 tokens of each document"
 

@@ -29,7 +29,8 @@ from mamba3_lite.logger import peak_flops_for
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite.config import LoopConfig, apply_triton_opt_in
 from mamba3_lite.data import Batch
-from mamba3_lite.train import build_optimizer, train_step
+from mamba3_lite.optim import build_optimizer
+from mamba3_lite.train import train_step
 
 MODES = ("eager", "compiled")
 

@@ -130,14 +130,10 @@ class MixerConfig:
         require(self.discretization in DISCRETIZATIONS, "discretization",
                 f"expected one of {tuple(DISCRETIZATIONS)}, got {self.discretization!r}")
 
-    @property
-    def d_inner(self) -> int: return self.expand * self.d_model
-    @property
-    def n_heads(self) -> int: return self.d_inner // self.headdim
-    @property
-    def rank(self) -> int: return self.mimo_rank if self.is_mimo else 1
-    @property
-    def n_angles(self) -> int: return 0 if self.rotation == "none" else num_angles(self.d_state, self.rope_fraction)
+    d_inner = property(lambda self: self.expand * self.d_model)
+    n_heads = property(lambda self: self.d_inner // self.headdim)
+    rank = property(lambda self: self.mimo_rank if self.is_mimo else 1)      # R: 1 for SISO
+    n_angles = property(lambda self: 0 if self.rotation == "none" else num_angles(self.d_state, self.rope_fraction))
 
 # %% ../nbs/02_block.ipynb #9e890cd8
 class SSDInputs(NamedTuple):

@@ -24,18 +24,19 @@ from fastcore.basics import patch
 
 from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, restore_rng_state
 from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, apply_num_threads,
-                                build_model_config, build_scheduler, check_resume_meta, compile_mode_for, config_changes,
+                                build_model_config, check_resume_meta, compile_mode_for, config_changes,
                                 config_to_dict, dry_run_config, refused_changes)
 from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
                                      full_model_state, residual_blocks, setup_distributed)
 from .evaluate import autocast_for, evaluate, lm_loss, make_streams
 from .logger import TrainingLogger, peak_flops_for
+from .optim import build_optimizer, build_scheduler
 from .model import Mamba3Transformer
 
 # %% auto #0
-__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'build_optimizer', 'seed_everything',
-           'keep_freed_memory_in_heap', 'Pretrainer', 'TrainingStopped', 'run_training']
+__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'seed_everything', 'keep_freed_memory_in_heap',
+           'Pretrainer', 'TrainingStopped', 'run_training']
 
 # %% ../nbs/11_train.ipynb #324a5078
 @dataclass
@@ -84,19 +85,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss=loss_v, grad_norm=float(norm), lr=lr, skipped=False)
-
-# %% ../nbs/11_train.ipynb #da02c80b
-def build_optimizer(model: torch.nn.Module, t: LoopConfig) -> torch.optim.AdamW:
-    "AdamW over the model's de-duplicated decay / no-decay parameter groups."
-    groups = model.param_groups(t.weight_decay)
-    seen = set()
-    for g in groups:
-        for p in g["params"]:
-            if id(p) in seen:
-                raise ValueError("param_groups lists a parameter twice; AdamW would update it twice")
-            seen.add(id(p))
-    on_cuda = any(p.is_cuda for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, **({"fused": True} if on_cuda else {}))
 
 # %% ../nbs/11_train.ipynb #d1ca34cc
 def seed_everything(seed: int):

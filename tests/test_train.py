@@ -19,6 +19,7 @@ from mamba3_lite.testing import gpt2_available, run_captured
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
+from mamba3_lite import optim as O
 from mamba3_lite import train as T
 from mamba3_lite.logger import read_metrics
 
@@ -74,29 +75,29 @@ def test_train_step_finite_moves_and_clips():
 
 def test_lr_schedule_key_values():
     ref = dict(warmup_steps=2000, max_steps=256_000, min_lr_ratio=0.05)
-    assert math.isclose(Cfg.lr_factor(0, **ref), 0.01)
-    assert math.isclose(Cfg.lr_factor(1000, **ref), 0.505)
-    assert math.isclose(Cfg.lr_factor(2000, **ref), 1.0)
-    assert math.isclose(Cfg.lr_factor(129_000, **ref), 0.525)
-    assert math.isclose(Cfg.lr_factor(256_000, **ref), 0.05)
-    assert math.isclose(Cfg.lr_factor(999_999, **ref), 0.05)
+    assert math.isclose(O.lr_factor(0, **ref), 0.01)
+    assert math.isclose(O.lr_factor(1000, **ref), 0.505)
+    assert math.isclose(O.lr_factor(2000, **ref), 1.0)
+    assert math.isclose(O.lr_factor(129_000, **ref), 0.525)
+    assert math.isclose(O.lr_factor(256_000, **ref), 0.05)
+    assert math.isclose(O.lr_factor(999_999, **ref), 0.05)
     wsd = dict(ref, schedule="wsd", wsd_decay_frac=0.1)
-    assert Cfg.lr_factor(200_000, **wsd) == 1.0  # exact: the stable phase returns 1.0
-    assert math.isclose(Cfg.lr_factor(256_000 - 12_800, **wsd), 0.525)
+    assert O.lr_factor(200_000, **wsd) == 1.0  # exact: the stable phase returns 1.0
+    assert math.isclose(O.lr_factor(256_000 - 12_800, **wsd), 0.525)
     with pytest.raises(ValueError, match="cosine"):
-        Cfg.lr_factor(3000, **ref, schedule="step")
+        O.lr_factor(3000, **ref, schedule="step")
     # the LambdaLR applies it to the optimizer and resumes from its state_dict alone
     loop = Cfg.LoopConfig(lr=3e-4, warmup_steps=10, max_steps=100, min_lr_ratio=0.1)
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=loop.lr)
-    s = Cfg.build_scheduler(opt, loop)
+    s = O.build_scheduler(opt, loop)
     assert math.isclose(opt.param_groups[0]["lr"], 3e-6)
     for _ in range(37):
         opt.step(); s.step()
     opt2 = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=loop.lr)
-    s2 = Cfg.build_scheduler(opt2, loop)
+    s2 = O.build_scheduler(opt2, loop)
     s2.load_state_dict(json.loads(json.dumps(s.state_dict())))
     opt.step(); s.step(); opt2.step(); s2.step()
-    assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"] == 3e-4 * Cfg.lr_factor(38, **dict(
+    assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"] == 3e-4 * O.lr_factor(38, **dict(
         warmup_steps=10, max_steps=100, min_lr_ratio=0.1))  # exact: the same Python float expression
 
 
@@ -118,7 +119,7 @@ def test_accumulation_equivalence_2x8_vs_1x16():
 def test_nonfinite_step_is_skipped():
     m = tiny_model()
     opt = torch.optim.AdamW(m.param_groups(0.1), lr=1e-3)
-    sched = Cfg.build_scheduler(opt, Cfg.LoopConfig(warmup_steps=5, max_steps=10))
+    sched = O.build_scheduler(opt, Cfg.LoopConfig(warmup_steps=5, max_steps=10))
     before = [p.detach().clone() for p in m.parameters()]
     with torch.no_grad():
         m.embed.weight[0, 0] = float("nan")
