@@ -34,7 +34,8 @@ from mamba3_lite.prepare import prepare_corpus, stdlib_corpus_files
 from mamba3_lite.distributed import setup_distributed
 from mamba3_lite.model import Mamba3Transformer
 from mamba3_lite.ssd import seq_idx_from_eos
-from mamba3_lite.evaluate import lm_loss, make_streams
+from mamba3_lite.evaluate import lm_loss
+from mamba3_lite.streams import make_streams
 from mamba3_lite.files import atomic_write
 from mamba3_lite.train import keep_freed_memory_in_heap, seed_everything, train_step
 

@@ -29,9 +29,10 @@ from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, ap
 from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
                                      full_model_state, residual_blocks, setup_distributed)
-from .evaluate import autocast_for, evaluate, lm_loss, make_streams
+from .evaluate import autocast_for, evaluate, lm_loss
 from .logger import TrainingLogger, peak_flops_for
 from .optim import build_optimizer, build_scheduler
+from .streams import make_streams
 from .model import Mamba3Transformer
 
 # %% auto #0

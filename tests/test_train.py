@@ -341,7 +341,7 @@ def test_nan_guard_gives_up_after_repeated_rollbacks(tmp_path):
 @pytest.mark.skipif(not gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     "--reset-at-eos (or --set data.reset_at_eos=true) reaches the batches, the loss, evaluation, eval and generate."
-    from mamba3_lite import evaluate as E
+    from mamba3_lite import evaluate as E, streams as S
     from mamba3_lite.cli import prepare_cli
     from mamba3_lite.distributed import setup_distributed
     from mamba3_lite.ssd import seq_idx_from_eos
@@ -361,8 +361,8 @@ def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     on = parse(["--reset-at-eos"])
     assert on.data.reset_at_eos is True
     env = setup_distributed("cpu")
-    assert E.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch().seq_idx is None
-    stream, val_batches = E.make_streams(on, env, 50257, log=QUIET)
+    assert S.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch().seq_idx is None
+    stream, val_batches = S.make_streams(on, env, 50257, log=QUIET)
     b = stream.next_batch()
     x, y, sid = b.x, b.y, b.seq_idx
     assert torch.equal(sid, seq_idx_from_eos(x, GPT2_EOS_ID)) and sid.max() > 0 and torch.equal(x[:, 1:], y[:, :-1])  # exact: token ids
