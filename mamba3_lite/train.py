@@ -248,6 +248,55 @@ def _rank0(self: Pretrainer, fn: Callable):
     if out[1] is not None: raise out[1]
     return out[0]
 
+# %% ../nbs/11_train.ipynb #73dd147b
+@patch
+def _resume(self: Pretrainer, step: int) -> int:
+    """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
+    it, with a warning, as a digest mismatch does. After an explicit rewind, or when committed newer steps were skipped,
+    the first save moves the newer steps (and their metrics records) to `abandoned/`: no step on disk is overwritten."""
+    explicit = self.resume_step is not None
+    while True:
+        try:
+            self.load_checkpoint(step, initial=True)
+            break
+        except CheckpointCorruptError as e:
+            if explicit: raise
+            warnings.warn(f"checkpoint step {step} skipped: {e}", CheckpointWarning)
+            step = self._rank0(lambda: self.ckpt.latest_step(below=step))
+            if step is None:
+                raise RuntimeError(f"no checkpoint in {self.run_dir} loads; move the broken steps away to start afresh") from None
+    if self.env.is_main and any(s > step and (explicit or self.ckpt.paths(s)["meta"].exists()) for s in self.ckpt.list_steps()):
+        self._abandon_after = step      # a rewind, or committed steps skipped as broken: moved away at the first save
+    self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
+    return step
+
+
+@patch
+def _check_config(self: Pretrainer, meta: dict, path) -> list:
+    "The config changes since checkpoint `meta`; `ConfigError` (one line) if any of them cannot be resumed."
+    changes = config_changes(meta["config"], config_to_dict(self.config))
+    fixed = refused_changes(changes)
+    old_id = meta.get("data_identity")
+    if old_id is not None and self.data_identity is not None and old_id != self.data_identity:
+        fixed.append(("the training shards (sha256 of their manifest digests)", old_id[:12], self.data_identity[:12]))
+    if fixed:
+        raise ConfigError(f"{path}: cannot resume with " + "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in fixed)
+                          + " (they fix the model's shape or the data order); resume with the old values or use a new run directory")
+    return changes
+
+@patch
+def _apply_changes(self: Pretrainer, changes: list):
+    "Log each config change `old -> new` once; put new optimizer and schedule values into the restored state."
+    for k, a, b in changes: self.log(f"[resume] {k}: {a!r} -> {b!r}")
+    if not any(k.split(".", 1)[1] in OPTIMIZER_KEYS for k, _, _ in changes if k.startswith("training.")): return
+    t, s = self.config.training, self.scheduler
+    decays = [g["weight_decay"] > 0 for g in self.raw_model.param_groups(1.0)]   # which groups decay
+    for g, decays_here in zip(self.optimizer.param_groups, decays):
+        g.update(weight_decay=t.weight_decay if decays_here else 0.0, betas=tuple(t.betas), eps=t.eps, initial_lr=t.lr)
+    s.base_lrs = [t.lr] * len(self.optimizer.param_groups)       # LambdaLR restored the old peak lr from its state
+    for g, fn in zip(self.optimizer.param_groups, s.lr_lambdas): g["lr"] = t.lr * fn(s.last_epoch)
+    s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
 def validate(self: Pretrainer) -> dict:
@@ -308,6 +357,12 @@ def train(self: Pretrainer) -> dict:
         self.ckpt.lock.release()
 
 
+# %% ../nbs/11_train.ipynb #c38a466f
+@patch
+def _lock(self: Pretrainer):
+    "Rank 0 holds the run directory's lock for the run's life; every rank raises `RunLockedError` if another writer has it."
+    self._rank0(lambda: self.ckpt.lock.acquire() and None)
+
 # %% ../nbs/11_train.ipynb #75c7e482
 @patch
 def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
@@ -365,61 +420,6 @@ def _stop(self: Pretrainer, last_save: int):
     if last_save != self.step: self.save_checkpoint(tag="stopped")
     raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.run_dir, saved=last_save != self.step)
 
-
-# %% ../nbs/11_train.ipynb #c38a466f
-@patch
-def _lock(self: Pretrainer):
-    "Rank 0 holds the run directory's lock for the run's life; every rank raises `RunLockedError` if another writer has it."
-    self._rank0(lambda: self.ckpt.lock.acquire() and None)
-
-# %% ../nbs/11_train.ipynb #73dd147b
-@patch
-def _resume(self: Pretrainer, step: int) -> int:
-    """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
-    it, with a warning, as a digest mismatch does. After an explicit rewind, or when committed newer steps were skipped,
-    the first save moves the newer steps (and their metrics records) to `abandoned/`: no step on disk is overwritten."""
-    explicit = self.resume_step is not None
-    while True:
-        try:
-            self.load_checkpoint(step, initial=True)
-            break
-        except CheckpointCorruptError as e:
-            if explicit: raise
-            warnings.warn(f"checkpoint step {step} skipped: {e}", CheckpointWarning)
-            step = self._rank0(lambda: self.ckpt.latest_step(below=step))
-            if step is None:
-                raise RuntimeError(f"no checkpoint in {self.run_dir} loads; move the broken steps away to start afresh") from None
-    if self.env.is_main and any(s > step and (explicit or self.ckpt.paths(s)["meta"].exists()) for s in self.ckpt.list_steps()):
-        self._abandon_after = step      # a rewind, or committed steps skipped as broken: moved away at the first save
-    self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
-    return step
-
-
-@patch
-def _check_config(self: Pretrainer, meta: dict, path) -> list:
-    "The config changes since checkpoint `meta`; `ConfigError` (one line) if any of them cannot be resumed."
-    changes = config_changes(meta["config"], config_to_dict(self.config))
-    fixed = refused_changes(changes)
-    old_id = meta.get("data_identity")
-    if old_id is not None and self.data_identity is not None and old_id != self.data_identity:
-        fixed.append(("the training shards (sha256 of their manifest digests)", old_id[:12], self.data_identity[:12]))
-    if fixed:
-        raise ConfigError(f"{path}: cannot resume with " + "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in fixed)
-                          + " (they fix the model's shape or the data order); resume with the old values or use a new run directory")
-    return changes
-
-@patch
-def _apply_changes(self: Pretrainer, changes: list):
-    "Log each config change `old -> new` once; put new optimizer and schedule values into the restored state."
-    for k, a, b in changes: self.log(f"[resume] {k}: {a!r} -> {b!r}")
-    if not any(k.split(".", 1)[1] in OPTIMIZER_KEYS for k, _, _ in changes if k.startswith("training.")): return
-    t, s = self.config.training, self.scheduler
-    decays = [g["weight_decay"] > 0 for g in self.raw_model.param_groups(1.0)]   # which groups decay
-    for g, decays_here in zip(self.optimizer.param_groups, decays):
-        g.update(weight_decay=t.weight_decay if decays_here else 0.0, betas=tuple(t.betas), eps=t.eps, initial_lr=t.lr)
-    s.base_lrs = [t.lr] * len(self.optimizer.param_groups)       # LambdaLR restored the old peak lr from its state
-    for g, fn in zip(self.optimizer.param_groups, s.lr_lambdas): g["lr"] = t.lr * fn(s.last_epoch)
-    s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
 # %% ../nbs/11_train.ipynb #71e16f11
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
