@@ -127,3 +127,13 @@ def test_no_patched_method_shadows_a_module_name():
                 bound |= {e.id for tg in targets for e in ast.walk(tg) if isinstance(e, ast.Name)}
         found += [f"{m}.{name}" for name in sorted(patched & bound)]
     assert not found, found
+
+
+def test_module_docstrings_are_whole_sentences():
+    "Each module's one-line summary (the notebook's `>` line) is not cut where the notebook line wrapped."
+    cut = {}
+    for m in MODULES:
+        doc = (ast.get_docstring(ast.parse((PKG / f"{m}.py").read_text())) or "").strip()
+        if not doc or doc.split()[-1].lower() in ("and", "or", "the", "a", "of", "—", "-", ",") or doc[-1] in ",—-":
+            cut[m] = doc[-60:]
+    assert not cut, cut
