@@ -33,7 +33,7 @@ def test_the_dataset_makes_batches():
     b, d = plain.get_batch([0, 3]), docs.get_batch([0, 3])
     assert isinstance(b, Batch) and b.seq_idx is None and b.x.shape == (2, 16)
     assert torch.equal(d.x, b.x) and torch.equal(d.seq_idx, seq_idx_from_eos(d.x, docs.eos_id))  # exact: token ids
-    assert torch.equal(b.to("cpu").y, b.y) and b.to("cpu").seq_idx is None
+    assert torch.equal(b.to("cpu").y, b.y) and b.to("cpu").seq_idx is None  # exact: the same tensor, moved to the same device
 
 
 def test_mixer_fields_are_written_once():
