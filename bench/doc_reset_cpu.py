@@ -27,15 +27,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mamba3_lite.config import apply_overrides, build_model_config, build_scheduler, load_config
-from mamba3_lite.data import PretrainDataset
+from mamba3_lite.config import apply_overrides, build_model_config, load_config
+from mamba3_lite.optim import build_optimizer, build_scheduler
+from mamba3_lite.data import Batch, PretrainDataset
 from mamba3_lite.prepare import prepare_corpus, stdlib_corpus_files
 from mamba3_lite.distributed import setup_distributed
 from mamba3_lite.model import Mamba3Transformer
 from mamba3_lite.ssd import seq_idx_from_eos
-from mamba3_lite.evaluate import lm_loss, make_streams
+from mamba3_lite.evaluate import lm_loss
+from mamba3_lite.streams import make_streams
 from mamba3_lite.files import atomic_write
-from mamba3_lite.train import build_optimizer, keep_freed_memory_in_heap, seed_everything, train_step
+from mamba3_lite.train import keep_freed_memory_in_heap, seed_everything, train_step
 
 HEAD = 64  # "the first 64 tokens of each document"
 
@@ -92,7 +94,7 @@ def fwd_bwd_rate(model, x, y, seq_idx, device, reps: int) -> tuple:
     for rep in range(reps + 1):
         for with_docs in (False, True):
             t0 = time.perf_counter()
-            lm_loss(model, (x, y, seq_idx) if with_docs else (x, y)).backward()
+            lm_loss(model, Batch(x, y, seq_idx if with_docs else None)).backward()
             if device.type == "cuda": torch.cuda.synchronize()
             if rep: times[with_docs] += time.perf_counter() - t0                # rep 0 is the warm-up
     model.zero_grad(set_to_none=True)
@@ -162,11 +164,12 @@ def main():
     L = base.data.max_seq_len
     val = PretrainDataset(data, L, runs[False][0].config.vocab_size, split="val")
     n = min(a.eval_windows, len(val))
-    x, y = val.get_batch(range(n))
+    b = val.get_batch(range(n))
+    x, y = b.x, b.y
     seq_idx = seq_idx_from_eos(x, val.eos_id)
     head = torch.from_numpy(doc_offsets(x, y, val.eos_id) < HEAD)
     nll = {reset: per_token_nll(runs[reset][0], x, y, seq_idx if reset else None, 16, env.device) for reset in (False, True)}
-    rate_off, rate_on = fwd_bwd_rate(runs[True][0], *val.get_doc_batch(range(16)), env.device, reps=5)
+    rate_off, rate_on = fwd_bwd_rate(runs[True][0], x[:16], y[:16], seq_idx[:16], env.device, reps=5)
     print(f"\nquickstart config (tiny, {L}-token windows, batch {base.training.micro_batch_size}), {a.steps} steps each, "
           f"{a.threads} thread(s), {a.device}; validation: {n} windows = {y.numel():,} targets, {int(head.sum()):,} of them "
           f"among the first {HEAD} tokens of a document ({int(seq_idx[:, -1].sum() + n)} document pieces)")

@@ -248,7 +248,8 @@ def check_data(ctx, c: Check):
     pin = dev.type == "cuda"
     got = []
     for idx in index_batches[:2]:                                # the trainer's path: get_batch -> device
-        x, y = ds.get_batch(idx)
+        b = ds.get_batch(idx)
+        x, y = b.x, b.y
         if pin: x, y = x.pin_memory(), y.pin_memory()
         got.append((idx, x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)))
     loader = DataLoader(ds, batch_sampler=index_batches[2:], num_workers=1, pin_memory=pin)

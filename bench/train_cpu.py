@@ -44,7 +44,8 @@ import baseline
 from mamba3_lite.config import LoopConfig, physical_cores
 from mamba3_lite.loss import chunked_lm_loss, full_lm_loss
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
-from mamba3_lite.train import build_optimizer, keep_freed_memory_in_heap
+from mamba3_lite.optim import build_optimizer
+from mamba3_lite.train import keep_freed_memory_in_heap
 
 
 class GPTBlock(nn.Module):

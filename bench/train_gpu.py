@@ -28,7 +28,9 @@ from mamba3_lite.files import atomic_write
 from mamba3_lite.logger import peak_flops_for
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite.config import LoopConfig, apply_triton_opt_in
-from mamba3_lite.train import build_optimizer, train_step
+from mamba3_lite.data import Batch
+from mamba3_lite.optim import build_optimizer
+from mamba3_lite.train import train_step
 
 MODES = ("eager", "compiled")
 
@@ -139,7 +141,7 @@ def main(argv=None):
 
     def batches():
         w = torch.randint(0, cfg.vocab_size, (a.accum, a.batch, a.seq_len + 1), device=dev, generator=g)
-        return [(w[i, :, :-1], w[i, :, 1:]) for i in range(a.accum)]
+        return [Batch(w[i, :, :-1], w[i, :, 1:]) for i in range(a.accum)]
 
     print(f"{name} | preset {a.preset} ({raw.num_parameters() / 1e6:.1f}M) | {meta['dtype']} | modes {','.join(a.modes)} "
           f"(compile mode {a.compile_mode}) | grad_checkpoint={a.grad_checkpoint} | ssd_dispatch={cfg.ssd_dispatch} | "

@@ -4,14 +4,16 @@
 
 # %% auto #0
 __all__ = ['SSD_DISPATCHES', 'ROTATIONS', 'DISCRETIZATIONS', 'fp32', 'RMSNorm', 'inverse_softplus', 'init_dt_bias', 'heavy_tail',
-           'decay_rate', 'num_angles', 'require', 'check_mixer_args', 'SSDInputs', 'Mamba3Block', 'triton_opted_in',
+           'decay_rate', 'num_angles', 'require', 'MixerConfig', 'SSDInputs', 'Mamba3Block', 'triton_opted_in',
            'ssd_step', 'zero_ssd_state', 'init_rope_rates', 'fixed_angles']
 
 # %% ../nbs/02_block.ipynb #29914480
+import dataclasses
 import math
 import os
 import warnings
-from typing import NamedTuple, Optional
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Union
 
 from fastcore.basics import patch
 import torch
@@ -83,36 +85,55 @@ def require(ok: bool, field: str, msg: str):
         raise ValueError(f"{field}: {msg}")
 
 
-def check_mixer_args(d_model, d_state, expand, headdim, ngroups, rope_fraction, is_mimo, mimo_rank,
-                     chunk_size, ssd_dispatch, dt_min=1e-3, dt_max=1e-1, dt_init_floor=1e-4, a_floor=1e-4,
-                     rotation="data", discretization="trapezoid", bc_bias=True, bc_norm=True):
-    "Validate the mixer hyper-parameters; raise ValueError naming the offending field."
-    for name, val in (("d_model", d_model), ("d_state", d_state), ("expand", expand), ("headdim", headdim),
-                      ("ngroups", ngroups), ("mimo_rank", mimo_rank), ("chunk_size", chunk_size)):
-        require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name,
-                 f"expected a positive int, got {val!r}")
-    d_inner = expand * d_model
-    require(d_inner % headdim == 0, "headdim",
-             f"d_inner = expand*d_model = {d_inner} is not divisible by headdim = {headdim}")
-    n_heads = d_inner // headdim
-    require(n_heads % ngroups == 0, "ngroups", f"n_heads = {n_heads} is not divisible by ngroups = {ngroups}")
-    require(isinstance(rope_fraction, (int, float)) and 0.0 <= rope_fraction <= 1.0, "rope_fraction",
-             f"expected a number in [0, 1], got {rope_fraction!r}")
-    require(isinstance(is_mimo, bool), "is_mimo", f"expected a bool, got {is_mimo!r}")
-    if is_mimo:
-        require(chunk_size % mimo_rank == 0, "chunk_size",
-                 f"MIMO chunks are counted in rows (tokens x rank); chunk_size = {chunk_size} is not divisible by "
-                 f"mimo_rank = {mimo_rank}")
-    require(ssd_dispatch in SSD_DISPATCHES, "ssd_dispatch", f"expected one of {SSD_DISPATCHES}, got {ssd_dispatch!r}")
-    require(0 < dt_min <= dt_max, "dt_min", f"expected 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
-    require(dt_init_floor > 0, "dt_init_floor", f"expected > 0, got {dt_init_floor}")
-    require(a_floor > 0, "a_floor", f"expected > 0, got {a_floor}")
-    require(isinstance(rotation, str) and rotation in ROTATIONS, "rotation",
-             f"expected one of {ROTATIONS}, got {rotation!r}")
-    require(isinstance(discretization, str) and discretization in DISCRETIZATIONS, "discretization",
-             f"expected one of {tuple(DISCRETIZATIONS)}, got {discretization!r}")
-    for name, val in (("bc_bias", bc_bias), ("bc_norm", bc_norm)):
-        require(isinstance(val, bool), name, f"expected a bool, got {val!r}")
+@dataclass
+class MixerConfig:
+    "The hyper-parameters of one Mamba-3 mixer (defaults: the 434M model's); checked once, when made."
+    d_model: int = 1024
+    d_state: int = 128             # N
+    expand: int = 2                # d_inner = expand * d_model
+    headdim: int = 64              # P
+    ngroups: int = 1               # G
+    rope_fraction: float = 0.5     # fraction of state dims rotated: S = floor(N f)/2 angles (f in [0, 1])
+    is_mimo: bool = False
+    mimo_rank: int = 4             # R, used when is_mimo
+    chunk_size: int = 64           # SSD chunk length in rows (tokens x R)
+    ssd_dispatch: str = "pytorch"  # "pytorch" | "triton" (also needs ENABLE_TRITON_KERNELS=1)
+    outproj_norm: bool = False     # per-head RMSNorm before the gate
+    norm_eps: float = 1e-5
+    dt_min: float = 1e-3
+    dt_max: float = 1e-1
+    dt_init_floor: float = 1e-4
+    a_floor: float = 1e-4
+    rotation: str = "data"         # ablation: "data" | "fixed" (learned position-only rates) | "none"
+    discretization: str = "trapezoid"  # ablation: "trapezoid" (learned λ) | "half" (λ = ½) | "euler" (λ = 1)
+    bc_bias: bool = True           # ablation: the per-head B/C bias
+    bc_norm: bool = True           # ablation: the RMSNorm of B and C
+
+    def __post_init__(self):
+        for name in ("d_model", "d_state", "expand", "headdim", "ngroups", "mimo_rank", "chunk_size"):
+            val = getattr(self, name)
+            require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name, f"expected a positive int, got {val!r}")
+        for name in ("is_mimo", "outproj_norm", "bc_bias", "bc_norm"):
+            require(isinstance(getattr(self, name), bool), name, f"expected a bool, got {getattr(self, name)!r}")
+        require(self.d_inner % self.headdim == 0, "headdim",
+                f"d_inner = expand*d_model = {self.d_inner} is not divisible by headdim = {self.headdim}")
+        require(self.n_heads % self.ngroups == 0, "ngroups", f"n_heads = {self.n_heads} is not divisible by ngroups = {self.ngroups}")
+        require(isinstance(self.rope_fraction, (int, float)) and 0.0 <= self.rope_fraction <= 1.0, "rope_fraction",
+                f"expected a number in [0, 1], got {self.rope_fraction!r}")
+        require(self.chunk_size % self.rank == 0, "chunk_size", f"MIMO chunks are counted in rows (tokens x rank); "
+                f"chunk_size = {self.chunk_size} is not divisible by mimo_rank = {self.mimo_rank}")
+        require(self.ssd_dispatch in SSD_DISPATCHES, "ssd_dispatch", f"expected one of {SSD_DISPATCHES}, got {self.ssd_dispatch!r}")
+        require(0 < self.dt_min <= self.dt_max, "dt_min", f"expected 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+        for name in ("dt_init_floor", "a_floor", "norm_eps"):
+            require(getattr(self, name) > 0, name, f"expected > 0, got {getattr(self, name)!r}")
+        require(self.rotation in ROTATIONS, "rotation", f"expected one of {ROTATIONS}, got {self.rotation!r}")
+        require(self.discretization in DISCRETIZATIONS, "discretization",
+                f"expected one of {tuple(DISCRETIZATIONS)}, got {self.discretization!r}")
+
+    d_inner = property(lambda self: self.expand * self.d_model)
+    n_heads = property(lambda self: self.d_inner // self.headdim)
+    rank = property(lambda self: self.mimo_rank if self.is_mimo else 1)      # R: 1 for SISO
+    n_angles = property(lambda self: 0 if self.rotation == "none" else num_angles(self.d_state, self.rope_fraction))
 
 # %% ../nbs/02_block.ipynb #9e890cd8
 class SSDInputs(NamedTuple):
@@ -131,43 +152,32 @@ class SSDInputs(NamedTuple):
 # %% ../nbs/02_block.ipynb #fa88ec98
 class Mamba3Block(nn.Module):
     "The Mamba-3 mixer: in_proj -> Δ, A, λ, BC-norm, angles -> SSD -> gate -> out_proj."
-    def __init__(self, d_model: int, d_state: int = 128, expand: int = 2, headdim: int = 64, ngroups: int = 1,
-                 rope_fraction: float = 0.5, is_mimo: bool = False, mimo_rank: int = 4, chunk_size: int = 64,
-                 ssd_dispatch: str = "pytorch", grad_checkpoint: bool = False, outproj_norm: bool = False,
-                 dt_min: float = 1e-3, dt_max: float = 1e-1, dt_init_floor: float = 1e-4, a_floor: float = 1e-4,
-                 norm_eps: float = 1e-5, rotation: str = "data", discretization: str = "trapezoid",
-                 bc_bias: bool = True, bc_norm: bool = True):
+    def __init__(self, config: Union[MixerConfig, int, None] = None, grad_checkpoint: bool = False, **fields):
+        "`Mamba3Block(MixerConfig(...))` (fields given too replace its own), or `Mamba3Block(d_model, **fields)`."
         super().__init__()
-        check_mixer_args(d_model, d_state, expand, headdim, ngroups, rope_fraction, is_mimo, mimo_rank,
-                         chunk_size, ssd_dispatch, dt_min, dt_max, dt_init_floor, a_floor, rotation, discretization,
-                         bc_bias, bc_norm)
-        self.d_model, self.d_state, self.headdim, self.ngroups = d_model, d_state, headdim, ngroups
-        self.d_inner = expand * d_model
-        self.n_heads = self.d_inner // headdim
-        self.is_mimo = is_mimo
-        self.rank = mimo_rank if is_mimo else 1
-        # the ablation switches (derived at the end of this notebook); the defaults are the Mamba-3 block
-        self.rotation, self.discretization, self.bc_bias, self.bc_norm = rotation, discretization, bc_bias, bc_norm
-        self.n_angles = 0 if rotation == "none" else num_angles(d_state, rope_fraction)
-        self.chunk_size, self.ssd_dispatch, self.grad_checkpoint = chunk_size, ssd_dispatch, grad_checkpoint
-        self.dt_min, self.dt_max, self.dt_init_floor, self.a_floor = dt_min, dt_max, dt_init_floor, a_floor
-        H, R, G, N, P, S = self.n_heads, self.rank, ngroups, d_state, headdim, self.n_angles
-        n_lam, n_theta = H if discretization == "trapezoid" else 0, S if rotation == "data" else 0
+        if isinstance(config, MixerConfig): cfg = dataclasses.replace(config, **fields) if fields else config
+        else: cfg = MixerConfig(**({} if config is None else {"d_model": config}), **fields)
+        self.config, self.grad_checkpoint = cfg, grad_checkpoint
+        for f in dataclasses.fields(MixerConfig): setattr(self, f.name, getattr(cfg, f.name))   # self.d_state, ...
+        # the ablation switches (rotation, discretization, bc_bias, bc_norm) are derived at the end of this notebook
+        self.d_inner, self.n_heads, self.rank, self.n_angles = cfg.d_inner, cfg.n_heads, cfg.rank, cfg.n_angles
+        H, R, G, N, P, S = self.n_heads, self.rank, cfg.ngroups, cfg.d_state, cfg.headdim, self.n_angles
+        n_lam, n_theta = H if cfg.discretization == "trapezoid" else 0, S if cfg.rotation == "data" else 0
         self.split_sizes = [self.d_inner, self.d_inner, R * G * N, R * G * N, H, H, n_lam, n_theta]
-        self.in_proj = nn.Linear(d_model, sum(self.split_sizes), bias=False)
+        self.in_proj = nn.Linear(cfg.d_model, sum(self.split_sizes), bias=False)
         self.dt_bias = nn.Parameter(torch.empty(H))
-        self.B_norm, self.C_norm = (RMSNorm(N, norm_eps), RMSNorm(N, norm_eps)) if bc_norm else (None, None)
-        self.B_bias = nn.Parameter(torch.empty(H, R, N)) if bc_bias else None
-        self.C_bias = nn.Parameter(torch.empty(H, R, N)) if bc_bias else None
+        self.B_norm, self.C_norm = (RMSNorm(N, cfg.norm_eps), RMSNorm(N, cfg.norm_eps)) if cfg.bc_norm else (None, None)
+        self.B_bias = nn.Parameter(torch.empty(H, R, N)) if cfg.bc_bias else None
+        self.C_bias = nn.Parameter(torch.empty(H, R, N)) if cfg.bc_bias else None
         self.D = nn.Parameter(torch.empty(H))
-        self.angle_logit = nn.Parameter(torch.empty(S)) if rotation == "fixed" else None   # ω = π tanh(θ)
-        if is_mimo:
+        self.angle_logit = nn.Parameter(torch.empty(S)) if cfg.rotation == "fixed" else None   # ω = π tanh(θ)
+        if cfg.is_mimo:
             self.mimo_x = nn.Parameter(torch.empty(H, R, P))
             self.mimo_z = nn.Parameter(torch.empty(H, R, P))
             self.mimo_o = nn.Parameter(torch.empty(H, R, P))
         # out-norm: one weight per inner channel (d_in = H*P), normalised per head (groups of P)
-        self.out_norm = RMSNorm((H, P), norm_eps) if outproj_norm else None
-        self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
+        self.out_norm = RMSNorm((H, P), cfg.norm_eps) if cfg.outproj_norm else None
+        self.out_proj = nn.Linear(self.d_inner, cfg.d_model, bias=False)
         self._fallback_warned = False
         self.reset_parameters()
 

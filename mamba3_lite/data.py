@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'MANIFEST_KEYS', 'SHARD_KEYS',
            'SPLITS', 'token_dtype_code', 'write_chunks_atomic', 'shard_bytes', 'write_shard', 'Shard', 'locate',
-           'window_naive', 'window_fast', 'check_manifest_keys', 'PretrainDataset', 'dataset_identity',
+           'window_naive', 'window_fast', 'check_manifest_keys', 'PretrainDataset', 'Batch', 'dataset_identity',
            'verify_in_background', 'prepared_root', 'WindowSampler']
 
 # %% ../nbs/06_data.ipynb #0a784d2a
@@ -18,7 +18,9 @@ import struct
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -177,11 +179,12 @@ class PretrainDataset(Dataset):
     "Next-token windows `(x, y)` (each `(L,)` CPU torch.long) over a flat token stream: one file or a directory of shards."
     def __init__(self, data_path, max_seq_len: int, vocab_size: int, split: str = "train", dummy: bool = False,
                  dummy_windows: int = 1000, seed: int = 0, full_check: bool = False, max_resident_mb: float = 32,
-                 seam_cache_mb: float = 64):
+                 seam_cache_mb: float = 64, reset_at_eos: bool = False):
         if not isinstance(max_seq_len, int) or max_seq_len < 1: raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
         if not isinstance(vocab_size, int) or vocab_size < 1: raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
-        self._args = (data_path, max_seq_len, vocab_size, split, dummy, dummy_windows, seed, False, max_resident_mb, seam_cache_mb)
-        self.max_seq_len, self.vocab_size, self.seed = max_seq_len, vocab_size, seed
+        self._args = (data_path, max_seq_len, vocab_size, split, dummy, dummy_windows, seed, False, max_resident_mb, seam_cache_mb,
+                      reset_at_eos)
+        self.max_seq_len, self.vocab_size, self.seed, self.reset_at_eos = max_seq_len, vocab_size, seed, reset_at_eos
         self.manifest, self.names, self._shard_objs, self._is_ours, self._touched = None, [], [], [], set()
         self._budget, self._seams = None, {}
         if dummy:
@@ -318,15 +321,28 @@ def release(self: PretrainDataset):
     if self._budget is not None: self._rss_base = _file_rss_bytes()   # budget = growth since the last release
 
 # %% ../nbs/06_data.ipynb #46fcaf75
+@dataclass(frozen=True)
+class Batch:
+    "One batch of windows: inputs `x`, targets `y`, and with `reset_at_eos` the document index of every input position; each (b, L) torch.long."
+    x: torch.Tensor
+    y: torch.Tensor
+    seq_idx: Optional[torch.Tensor] = None
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        "The same batch on `device`."
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)
+        return Batch(move(self.x), move(self.y), move(self.seq_idx))
+
 @patch
-def get_batch(self: PretrainDataset, indices):
-    "Stack windows: (x, y), each (b, L) torch.long."
+def get_batch(self: PretrainDataset, indices) -> Batch:
+    "Stack windows into a `Batch` (with `seq_idx` when the dataset was made with `reset_at_eos=True`)."
     xs, ys = zip(*(self[i] for i in indices))
-    return torch.stack(xs), torch.stack(ys)
+    x = torch.stack(xs)
+    return Batch(x, torch.stack(ys), seq_idx_from_eos(x, self.eos_id) if self.reset_at_eos else None)
 
 @patch
 def eval_batches(self: PretrainDataset, batch_size: int, max_batches: int = None):
-    "Sequential full batches (x, y) of (batch_size, L) from window 0 on: the same batches at every evaluation."
+    "Sequential full `Batch`es of (batch_size, L) from window 0 on: the same batches at every evaluation."
     n = len(self) // batch_size if max_batches is None else min(len(self) // batch_size, max_batches)
     if n == 0: raise ValueError(f"{getattr(self, 'path', 'dummy')}: {len(self)} windows make no batch of {batch_size}")
     for b in range(n): yield self.get_batch(range(b * batch_size, (b + 1) * batch_size))
@@ -372,13 +388,6 @@ def eos_id(self: PretrainDataset) -> int:
     for sh in self._shard_objs:
         if sh is not None: return sh.eos_id
     return (self.manifest or {}).get("eos_id", GPT2_EOS_ID)
-
-
-@patch
-def get_doc_batch(self: PretrainDataset, indices):
-    "`get_batch` plus the document index of every input position: (x, y, seq_idx), each (b, L) torch.long."
-    x, y = self.get_batch(indices)
-    return x, y, seq_idx_from_eos(x, self.eos_id)
 
 # %% ../nbs/06_data.ipynb #b84493d9
 class WindowSampler:

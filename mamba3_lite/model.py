@@ -21,60 +21,29 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .loss import chunked_lm_loss, full_lm_loss
-from .block import Mamba3Block, RMSNorm, fp32, require, check_mixer_args, num_angles
+from .block import Mamba3Block, MixerConfig, RMSNorm, fp32, require
 from .ssd import SSDState, seq_idx_from_eos
 
 # %% ../nbs/03_model.ipynb #f5720069
 @dataclass
-class ModelConfig:
-    "Architecture and performance knobs of `Mamba3Transformer` (defaults: the ~434M preset 'a100-400m')."
+class ModelConfig(MixerConfig):
+    """Architecture and performance knobs of `Mamba3Transformer` (defaults: the ~434M preset 'a100-400m'): the
+    mixer's fields (`MixerConfig`, `02_block`; every layer's block is built from this config) and the LM's own."""
     vocab_size: int = 50257        # GPT-2 BPE, unpadded
-    d_model: int = 1024
     n_layers: int = 28
     d_ff: int = 2272               # SwiGLU hidden width
-    d_state: int = 128             # N
-    expand: int = 2                # d_inner = expand * d_model
-    headdim: int = 64              # P
-    ngroups: int = 1               # G
-    rope_fraction: float = 0.5     # fraction of state dims rotated: S = floor(N f)/2 angles (f in [0, 1])
-    is_mimo: bool = False
-    mimo_rank: int = 4             # R, used when is_mimo
-    chunk_size: int = 64           # SSD chunk length in rows (tokens x R)
-    ssd_dispatch: str = "pytorch"  # "pytorch" | "triton" (also needs ENABLE_TRITON_KERNELS=1)
     grad_checkpoint: bool = False  # recompute each layer in backward
-    outproj_norm: bool = False     # per-head RMSNorm before the gate
-    norm_eps: float = 1e-5
     init_std: float = 0.02         # embedding init
-    dt_min: float = 1e-3
-    dt_max: float = 1e-1
-    dt_init_floor: float = 1e-4
-    a_floor: float = 1e-4
-    rotation: str = "data"         # ablation: "data" | "fixed" (learned position-only rates) | "none"
-    discretization: str = "trapezoid"  # ablation: "trapezoid" (learned λ) | "half" (λ = ½) | "euler" (λ = 1)
-    bc_bias: bool = True           # ablation: the per-head B/C bias
-    bc_norm: bool = True           # ablation: the RMSNorm of B and C
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layers", "d_ff"):
+        super().__post_init__()    # the mixer's fields, checked where they are defined
+        for name in ("vocab_size", "n_layers", "d_ff"):
             val = getattr(self, name)
             require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name,
                      f"expected a positive int, got {val!r}")
-        check_mixer_args(self.d_model, self.d_state, self.expand, self.headdim, self.ngroups, self.rope_fraction,
-                         self.is_mimo, self.mimo_rank, self.chunk_size, self.ssd_dispatch, self.dt_min, self.dt_max,
-                         self.dt_init_floor, self.a_floor, self.rotation, self.discretization, self.bc_bias, self.bc_norm)
-        for name in ("grad_checkpoint", "outproj_norm"):
-            require(isinstance(getattr(self, name), bool), name, f"expected a bool, got {getattr(self, name)!r}")
-        for name in ("norm_eps", "init_std"):
-            require(getattr(self, name) > 0, name, f"expected > 0, got {getattr(self, name)!r}")
+        require(isinstance(self.grad_checkpoint, bool), "grad_checkpoint", f"expected a bool, got {self.grad_checkpoint!r}")
+        require(self.init_std > 0, "init_std", f"expected > 0, got {self.init_std!r}")
 
-    @property
-    def d_inner(self) -> int: return self.expand * self.d_model
-    @property
-    def n_heads(self) -> int: return self.d_inner // self.headdim
-    @property
-    def n_angles(self) -> int: return 0 if self.rotation == "none" else num_angles(self.d_state, self.rope_fraction)
-    @property
-    def rank(self) -> int: return self.mimo_rank if self.is_mimo else 1
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "ModelConfig":
         "A named preset (see PRESETS), with any field overridden."
@@ -85,17 +54,6 @@ class ModelConfig:
             require(key in fields, key, f"not a ModelConfig field (fields: {sorted(fields)})")
         return cls(**{**PRESETS[name], **overrides})
 
-
-# %% ../nbs/03_model.ipynb #49ffe8bb
-@patch
-def mixer_kwargs(self: ModelConfig) -> dict:
-    "Keyword arguments for Mamba3Block."
-    return dict(d_state=self.d_state, expand=self.expand, headdim=self.headdim, ngroups=self.ngroups,
-                rope_fraction=self.rope_fraction, is_mimo=self.is_mimo, mimo_rank=self.mimo_rank,
-                chunk_size=self.chunk_size, ssd_dispatch=self.ssd_dispatch, outproj_norm=self.outproj_norm,
-                dt_min=self.dt_min, dt_max=self.dt_max, dt_init_floor=self.dt_init_floor, a_floor=self.a_floor,
-                norm_eps=self.norm_eps, rotation=self.rotation, discretization=self.discretization,
-                bc_bias=self.bc_bias, bc_norm=self.bc_norm)
 
 # %% ../nbs/03_model.ipynb #d923e11a
 _TINY = dict(vocab_size=50257, d_model=64, n_layers=4, d_ff=192, d_state=32, expand=2, headdim=16, chunk_size=16)
@@ -189,7 +147,7 @@ class Mamba3Layer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mixer = Mamba3Block(cfg.d_model, **cfg.mixer_kwargs(), grad_checkpoint=False)
+        self.mixer = Mamba3Block(cfg)               # a ModelConfig is the MixerConfig of each block
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
         self.grad_checkpoint = cfg.grad_checkpoint

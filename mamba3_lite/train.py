@@ -24,18 +24,20 @@ from fastcore.basics import patch
 
 from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, restore_rng_state
 from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, apply_num_threads,
-                                build_model_config, build_scheduler, check_resume_meta, compile_mode_for, config_changes,
+                                build_model_config, check_resume_meta, compile_mode_for, config_changes,
                                 config_to_dict, dry_run_config, refused_changes)
 from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
                                      full_model_state, residual_blocks, setup_distributed)
-from .evaluate import autocast_for, evaluate, lm_loss, make_streams
+from .evaluate import autocast_for, evaluate, lm_loss
 from .logger import TrainingLogger, peak_flops_for
+from .optim import build_optimizer, build_scheduler
+from .streams import make_streams
 from .model import Mamba3Transformer
 
 # %% auto #0
-__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'build_optimizer', 'seed_everything',
-           'keep_freed_memory_in_heap', 'Pretrainer', 'TrainingStopped', 'run_training']
+__all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'seed_everything', 'keep_freed_memory_in_heap',
+           'Pretrainer', 'TrainingStopped', 'run_training']
 
 # %% ../nbs/11_train.ipynb #324a5078
 @dataclass
@@ -55,12 +57,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, *,
                scheduler=None, max_grad_norm: float = 1.0, autocast_dtype=None,
                sync: Optional[Callable[[bool], Any]] = None) -> StepResult:
-    "One optimizer step over `micro_batches`, a list of (inputs, targets[, seq_idx]) of shape (b, T)."
+    "One optimizer step over `micro_batches`, a list of `Batch`es of shape (b, T)."
     if not micro_batches:
         raise ValueError("train_step needs at least one micro-batch")
     model.train()
     n = len(micro_batches)
-    device = micro_batches[0][0].device
+    device = micro_batches[0].x.device
     loss_sum = torch.zeros((), device=device)
     for i, batch in enumerate(micro_batches):
         with (sync(i == n - 1) if sync is not None else contextlib.nullcontext()):
@@ -84,19 +86,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss=loss_v, grad_norm=float(norm), lr=lr, skipped=False)
-
-# %% ../nbs/11_train.ipynb #da02c80b
-def build_optimizer(model: torch.nn.Module, t: LoopConfig) -> torch.optim.AdamW:
-    "AdamW over the model's de-duplicated decay / no-decay parameter groups."
-    groups = model.param_groups(t.weight_decay)
-    seen = set()
-    for g in groups:
-        for p in g["params"]:
-            if id(p) in seen:
-                raise ValueError("param_groups lists a parameter twice; AdamW would update it twice")
-            seen.add(id(p))
-    on_cuda = any(p.is_cuda for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, **({"fused": True} if on_cuda else {}))
 
 # %% ../nbs/11_train.ipynb #d1ca34cc
 def seed_everything(seed: int):
@@ -259,9 +248,58 @@ def _rank0(self: Pretrainer, fn: Callable):
     if out[1] is not None: raise out[1]
     return out[0]
 
+# %% ../nbs/11_train.ipynb #73dd147b
+@patch
+def _resume(self: Pretrainer, step: int) -> int:
+    """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
+    it, with a warning, as a digest mismatch does. After an explicit rewind, or when committed newer steps were skipped,
+    the first save moves the newer steps (and their metrics records) to `abandoned/`: no step on disk is overwritten."""
+    explicit = self.resume_step is not None
+    while True:
+        try:
+            self.load_checkpoint(step, initial=True)
+            break
+        except CheckpointCorruptError as e:
+            if explicit: raise
+            warnings.warn(f"checkpoint step {step} skipped: {e}", CheckpointWarning)
+            step = self._rank0(lambda: self.ckpt.latest_step(below=step))
+            if step is None:
+                raise RuntimeError(f"no checkpoint in {self.run_dir} loads; move the broken steps away to start afresh") from None
+    if self.env.is_main and any(s > step and (explicit or self.ckpt.paths(s)["meta"].exists()) for s in self.ckpt.list_steps()):
+        self._abandon_after = step      # a rewind, or committed steps skipped as broken: moved away at the first save
+    self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
+    return step
+
+
+@patch
+def _check_config(self: Pretrainer, meta: dict, path) -> list:
+    "The config changes since checkpoint `meta`; `ConfigError` (one line) if any of them cannot be resumed."
+    changes = config_changes(meta["config"], config_to_dict(self.config))
+    fixed = refused_changes(changes)
+    old_id = meta.get("data_identity")
+    if old_id is not None and self.data_identity is not None and old_id != self.data_identity:
+        fixed.append(("the training shards (sha256 of their manifest digests)", old_id[:12], self.data_identity[:12]))
+    if fixed:
+        raise ConfigError(f"{path}: cannot resume with " + "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in fixed)
+                          + " (they fix the model's shape or the data order); resume with the old values or use a new run directory")
+    return changes
+
+@patch
+def _apply_changes(self: Pretrainer, changes: list):
+    "Log each config change `old -> new` once; put new optimizer and schedule values into the restored state."
+    for k, a, b in changes: self.log(f"[resume] {k}: {a!r} -> {b!r}")
+    if not any(k.split(".", 1)[1] in OPTIMIZER_KEYS for k, _, _ in changes if k.startswith("training.")): return
+    t, s = self.config.training, self.scheduler
+    decays = [g["weight_decay"] > 0 for g in self.raw_model.param_groups(1.0)]   # which groups decay
+    for g, decays_here in zip(self.optimizer.param_groups, decays):
+        g.update(weight_decay=t.weight_decay if decays_here else 0.0, betas=tuple(t.betas), eps=t.eps, initial_lr=t.lr)
+    s.base_lrs = [t.lr] * len(self.optimizer.param_groups)       # LambdaLR restored the old peak lr from its state
+    for g, fn in zip(self.optimizer.param_groups, s.lr_lambdas): g["lr"] = t.lr * fn(s.last_epoch)
+    s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
-def evaluate(self: Pretrainer) -> dict:
+def validate(self: Pretrainer) -> dict:
     "Validation loss/ppl at the current step (recorded in `self.evals` and the logger)."
     r = evaluate(self.raw_model, self.val_batches(), self.autocast_dtype)
     r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"]}
@@ -319,12 +357,18 @@ def train(self: Pretrainer) -> dict:
         self.ckpt.lock.release()
 
 
+# %% ../nbs/11_train.ipynb #c38a466f
+@patch
+def _lock(self: Pretrainer):
+    "Rank 0 holds the run directory's lock for the run's life; every rank raises `RunLockedError` if another writer has it."
+    self._rank0(lambda: self.ckpt.lock.acquire() and None)
+
 # %% ../nbs/11_train.ipynb #75c7e482
 @patch
 def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
     t = self.config.training
     if not resumed and t.eval_at_start:
-        self.evaluate()
+        self.validate()
     first_step, streak = self.step, 0
     last_eval, last_save = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
     while self.step < t.max_steps:
@@ -350,12 +394,12 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
         self.step += 1
         self.tokens_seen += self.tokens_per_step
         if self.step % t.eval_every == 0:
-            self.evaluate(); last_eval = self.step
+            self.validate(); last_eval = self.step
         if self.step % t.save_every == 0:
             self.save_checkpoint(); last_save = self.step
     self._data_check.result()
     if last_eval != self.step:
-        self.evaluate()
+        self.validate()
     if last_save != self.step:
         self.save_checkpoint(tag="final")
     return {"run_dir": str(self.run_dir), "first_step": first_step, "final_step": self.step,
@@ -377,61 +421,6 @@ def _stop(self: Pretrainer, last_save: int):
     raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.run_dir, saved=last_save != self.step)
 
 
-# %% ../nbs/11_train.ipynb #c38a466f
-@patch
-def _lock(self: Pretrainer):
-    "Rank 0 holds the run directory's lock for the run's life; every rank raises `RunLockedError` if another writer has it."
-    self._rank0(lambda: self.ckpt.lock.acquire() and None)
-
-# %% ../nbs/11_train.ipynb #73dd147b
-@patch
-def _resume(self: Pretrainer, step: int) -> int:
-    """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
-    it, with a warning, as a digest mismatch does. After an explicit rewind, or when committed newer steps were skipped,
-    the first save moves the newer steps (and their metrics records) to `abandoned/`: no step on disk is overwritten."""
-    explicit = self.resume_step is not None
-    while True:
-        try:
-            self.load_checkpoint(step, initial=True)
-            break
-        except CheckpointCorruptError as e:
-            if explicit: raise
-            warnings.warn(f"checkpoint step {step} skipped: {e}", CheckpointWarning)
-            step = self._rank0(lambda: self.ckpt.latest_step(below=step))
-            if step is None:
-                raise RuntimeError(f"no checkpoint in {self.run_dir} loads; move the broken steps away to start afresh") from None
-    if self.env.is_main and any(s > step and (explicit or self.ckpt.paths(s)["meta"].exists()) for s in self.ckpt.list_steps()):
-        self._abandon_after = step      # a rewind, or committed steps skipped as broken: moved away at the first save
-    self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
-    return step
-
-
-@patch
-def _check_config(self: Pretrainer, meta: dict, path) -> list:
-    "The config changes since checkpoint `meta`; `ConfigError` (one line) if any of them cannot be resumed."
-    changes = config_changes(meta["config"], config_to_dict(self.config))
-    fixed = refused_changes(changes)
-    old_id = meta.get("data_identity")
-    if old_id is not None and self.data_identity is not None and old_id != self.data_identity:
-        fixed.append(("the training shards (sha256 of their manifest digests)", old_id[:12], self.data_identity[:12]))
-    if fixed:
-        raise ConfigError(f"{path}: cannot resume with " + "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in fixed)
-                          + " (they fix the model's shape or the data order); resume with the old values or use a new run directory")
-    return changes
-
-@patch
-def _apply_changes(self: Pretrainer, changes: list):
-    "Log each config change `old -> new` once; put new optimizer and schedule values into the restored state."
-    for k, a, b in changes: self.log(f"[resume] {k}: {a!r} -> {b!r}")
-    if not any(k.split(".", 1)[1] in OPTIMIZER_KEYS for k, _, _ in changes if k.startswith("training.")): return
-    t, s = self.config.training, self.scheduler
-    decays = [g["weight_decay"] > 0 for g in self.raw_model.param_groups(1.0)]   # which groups decay
-    for g, decays_here in zip(self.optimizer.param_groups, decays):
-        g.update(weight_decay=t.weight_decay if decays_here else 0.0, betas=tuple(t.betas), eps=t.eps, initial_lr=t.lr)
-    s.base_lrs = [t.lr] * len(self.optimizer.param_groups)       # LambdaLR restored the old peak lr from its state
-    for g, fn in zip(self.optimizer.param_groups, s.lr_lambdas): g["lr"] = t.lr * fn(s.last_epoch)
-    s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
-
 # %% ../nbs/11_train.ipynb #71e16f11
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
                  reset_optimizer: bool = False) -> dict:
@@ -447,12 +436,6 @@ def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Ca
             dist.destroy_process_group()
 
 # %% ../nbs/11_train.ipynb #c2ede8d0
-def _in_ipython() -> bool:
-    "True inside a notebook kernel (where `__name__` is also '__main__')."
-    ip = sys.modules.get("IPython")
-    return ip is not None and ip.get_ipython() is not None
-
-
-if __name__ == "__main__" and not _in_ipython():   # `torchrun ... -m mamba3_lite.train` runs the train command
-    from mamba3_lite.cli import train_cli
-    sys.exit(train_cli())
+if __name__ == "__main__" and sys.argv[0].endswith("train.py"):   # `python -m mamba3_lite.train` (not a notebook kernel)
+    sys.exit("python -m mamba3_lite.train: this module has no command line; run `mamba3-lite train ...`, "
+             "or `torchrun ... -m mamba3_lite.cli train ...` for several processes")

@@ -60,15 +60,15 @@ def assert_same_run(one, two):
 
 def test_two_gloo_ranks_match_one_process(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    run(["mamba3_lite.train", "--config", str(cfg_file(tmp_path / "one.yaml", tmp_path / "one", micro_batch=4))], env)
+    run(["mamba3_lite.cli", "train", "--config", str(cfg_file(tmp_path / "one.yaml", tmp_path / "one", micro_batch=4))], env)
     for engine in ("ddp", "fsdp"):
         f = cfg_file(tmp_path / f"{engine}.yaml", tmp_path / engine, micro_batch=2, parallel=engine)
-        run(["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mamba3_lite.train", "--config", str(f)], env)
+        run(["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mamba3_lite.cli", "train", "--config", str(f)], env)
         assert_same_run(tmp_path / "one", tmp_path / engine)
         # rank 0 alone wrote the run, with the data positions of both ranks
         meta = json.loads((tmp_path / engine / "meta_step_4.json").read_text())
         assert [p["rank"] for p in meta["data_position"]] == [0, 1]
     # an FSDP run resumes from its own (full-tensor) checkpoint
-    r = run(["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mamba3_lite.train", "--config",
+    r = run(["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mamba3_lite.cli", "train", "--config",
              str(tmp_path / "fsdp.yaml"), "--max-steps", "5"], env)
     assert "[resume] from checkpoint step 4" in r.stdout and "done: steps 4->5" in r.stdout

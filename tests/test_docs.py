@@ -175,9 +175,6 @@ def test_section_citations_exist():
 # (mamba3_lite.testing), or its cell prints the value.
 SILENT_CHECK = re.compile(r"\btest_close\(|\bassert\s+nmax\(")
 SHOWS_VALUE = re.compile(r"\bprint\(|\bcheck_close\(|\bcheck_worst\(|\bassert_grads_close\(|\bdisplay\(")
-# notebooks whose agreement checks do not all show their number yet: each is an expected failure, and one that passes
-# fails the suite (strict), so that it is taken off this list
-SILENT_CHECKS_PENDING = {"09_config.ipynb", "11_train.ipynb", "11a_evaluate.ipynb", "15_harness.ipynb"}
 
 
 def silent_checks(nb):
@@ -198,9 +195,7 @@ def test_silent_check_scan_catches_what_it_should():
     assert [i for i, _ in silent_checks(nb)] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("nb", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="agreement checks that print nothing"))
-                                if p.name in SILENT_CHECKS_PENDING else p for p in sorted((REPO / "nbs").glob("*.ipynb"))],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("nb", sorted((REPO / "nbs").glob("*.ipynb")), ids=lambda p: p.name)
 def test_agreement_checks_show_their_number(nb):
     "Every agreement check in a notebook prints its measured error beside its bound (`check_close`, `check_worst`, a print)."
     found = list(silent_checks(json.loads(nb.read_text())))

@@ -66,3 +66,72 @@ def test_notebook_code_cells_are_short():
             if c["cell_type"] == "code" and len("".join(c["source"]).split("\n")) > 61:
                 long.append(f"{nb.name} cell {i}: {len(''.join(c['source']).split(chr(10)))} lines")
     assert not long, long
+
+
+def imports_of(tree: ast.Module) -> set:
+    "The sibling modules a module imports anywhere in its source: top level, `if __name__ == '__main__'`, inside functions."
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and sibling(n):
+            mod = sibling(n).removeprefix("mamba3_lite").lstrip(".")
+            out |= {mod.split(".")[0]} if mod else {a.name for a in n.names}
+        elif isinstance(n, ast.Import):
+            out |= {a.name.split(".")[1] for a in n.names if a.name.startswith("mamba3_lite.")}
+    return out & set(MODULES)
+
+
+def import_cycles(graph: dict) -> list:
+    "Every cycle of `graph` ({module: imported modules}), each as the path that closes it, e.g. ['cli', 'train', 'cli']."
+    found, done = [], set()
+    def walk(m, path):
+        for d in sorted(graph.get(m, ())):
+            if d in path: found.append(path[path.index(d):] + [d])
+            elif d not in done: walk(d, path + [d])
+        done.add(m)
+    for m in sorted(graph):
+        if m not in done: walk(m, [m])
+    return found
+
+
+def test_import_cycles_are_found():
+    test_graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(test_graph) == [["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    "No module imports, directly or through others and wherever the import statement sits, a module that imports it back."
+    graph = {m: imports_of(t) - {m} for m, t in trees().items()}
+    print(f"{len(graph)} modules, {sum(map(len, graph.values()))} import edges, cycles: {import_cycles(graph)}")
+    assert not import_cycles(graph), import_cycles(graph)
+
+
+def test_no_patched_method_shadows_a_module_name():
+    """A `@patch`-ed function must not share its name with anything else the module binds at top level (an import,
+    a def, a class, an assignment): the decorator rebinds that name (to the function on fastcore >= 1.10, to None
+    before), so a call to the module-level name inside the method would reach the wrong object."""
+    found = []
+    for m, t in trees().items():
+        patched = {n.name for n in t.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and any(ast.unparse(d).split("(")[0] in ("patch", "patch_to") for d in n.decorator_list)}
+        bound = set()
+        for n in t.body:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                bound |= {(a.asname or a.name).split(".")[0] for a in n.names}
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name not in patched:
+                bound.add(n.name)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                bound |= {e.id for tg in targets for e in ast.walk(tg) if isinstance(e, ast.Name)}
+        found += [f"{m}.{name}" for name in sorted(patched & bound)]
+    assert not found, found
+
+
+def test_module_docstrings_are_whole_sentences():
+    "Each module's one-line summary (the notebook's `>` line) is not cut where the notebook line wrapped."
+    cut = {}
+    for m in MODULES:
+        doc = (ast.get_docstring(ast.parse((PKG / f"{m}.py").read_text())) or "").strip()
+        if not doc or doc.split()[-1].lower() in ("and", "or", "the", "a", "of", "—", "-", ",") or doc[-1] in ",—-":
+            cut[m] = doc[-60:]
+    assert not cut, cut

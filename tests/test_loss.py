@@ -3,6 +3,7 @@ size (b, T, V) is kept for backward, and it equals the loss of the materialised 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from mamba3_lite.data import Batch
 from mamba3_lite.evaluate import evaluate, lm_loss
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite.ssd import nmax, seq_idx_from_eos
@@ -22,15 +23,14 @@ def test_lm_loss_keeps_no_logits_and_equals_the_full_loss():
     ids = torch.randint(0, 50257, (4, 65))
     x, y = ids[:, :-1], ids[:, 1:]
     logits_bytes = x.numel() * 50257 * 4
-    for batch in ((x, y), (x, y, seq_idx_from_eos(x, int(x[0, 10])))):
+    for batch in (Batch(x, y), Batch(x, y, seq_idx_from_eos(x, int(x[0, 10])))):
         loss, largest = largest_saved(lambda: lm_loss(model, batch))
         assert largest <= 50257 * 64 * 4 < logits_bytes, largest   # at most the head weight's gradient
-        kw = {"seq_idx": batch[2]} if len(batch) == 3 else {}
-        full, full_largest = largest_saved(lambda: model(x, targets=y, **kw).loss)
+        full, full_largest = largest_saved(lambda: model(x, targets=y, seq_idx=batch.seq_idx).loss)
         assert full_largest >= logits_bytes
         assert nmax(loss, full) < 1e-6
         loss.backward()
-    r = evaluate(model, [(x, y)])
+    r = evaluate(model, [Batch(x, y)])
     with torch.no_grad():
-        assert r["loss"] == lm_loss(model, (x, y)).item()   # evaluation and training: the same ops, the same loss
+        assert r["loss"] == lm_loss(model, Batch(x, y)).item()   # evaluation and training: the same ops, the same loss
         assert abs(r["loss"] - model(x, targets=y).loss.item()) < 1e-5

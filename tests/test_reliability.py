@@ -24,6 +24,7 @@ import yaml
 from mamba3_lite.testing import gpt2_available, run_captured
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
+from mamba3_lite import optim as O
 from mamba3_lite import train as T
 from mamba3_lite.checkpoint import CheckpointManager, CheckpointWarning
 from mamba3_lite.evaluate import load_trained
@@ -76,7 +77,7 @@ needs_gpt2 = pytest.mark.skipif(not gpt2_available(), reason="GPT-2 ranks not av
 def test_second_trainer_on_a_run_dir_exits_2_and_a_killed_holder_leaves_no_stale_lock(tmp_path):
     run = tmp_path / "run"
     cfg_file = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=100_000, save_every=2))
-    cmd = [sys.executable, "-m", "mamba3_lite.train", "--config", str(cfg_file)]
+    cmd = [sys.executable, "-m", "mamba3_lite.cli", "train", "--config", str(cfg_file)]
     first = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              start_new_session=True)
     try:
@@ -104,7 +105,7 @@ def test_resume_applies_a_new_lr_and_refuses_a_new_shape(tmp_path):
     new = tiny_cfg(run, max_steps=6, lr=1e-5, weight_decay=0.5)
     T.run_training(new, log=msgs.append)
     rec = {r["step"]: r for r in train_records(run)}
-    want = 1e-5 * Cfg.lr_factor(4, warmup_steps=2, max_steps=6, min_lr_ratio=new.training.min_lr_ratio)
+    want = 1e-5 * O.lr_factor(4, warmup_steps=2, max_steps=6, min_lr_ratio=new.training.min_lr_ratio)
     assert abs(rec[5]["lr"] - want) < 1e-12, (rec[5]["lr"], want)
     assert sum("training.lr: 0.003 -> 1e-05" in m for m in msgs) == 1, msgs
     assert any("training.weight_decay: 0.1 -> 0.5" in m for m in msgs), msgs
@@ -251,7 +252,7 @@ def test_disk_full_while_saving_is_one_line(tmp_path):
     run = tmp_path / "small"
     run.mkdir()
     cfg = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=4, save_every=1))
-    script = (f"mount -t tmpfs -o size=4m none {run} && {sys.executable} -m mamba3_lite.train --config {cfg}")
+    script = (f"mount -t tmpfs -o size=4m none {run} && {sys.executable} -m mamba3_lite.cli train --config {cfg}")
     r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr[-2000:]

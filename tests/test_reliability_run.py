@@ -22,7 +22,7 @@ from mamba3_lite.checkpoint import CheckpointManager
 from mamba3_lite.testing import run_captured
 from test_reliability import ENV, QUIET, ROOT, one_line, tiny_cfg, train_records, write_yaml
 
-TRAIN = [sys.executable, "-m", "mamba3_lite.train"]
+TRAIN = [sys.executable, "-m", "mamba3_lite.cli", "train"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 STOPPED = re.compile(r"stopped by (SIG\w+) after step (\d+): checkpoint step (\d+) saved in (\S+); resume with: (.+)$")
 
@@ -119,7 +119,7 @@ def test_a_second_signal_exits_at_once_without_a_checkpoint(tmp_path):
 def test_torchrun_ranks_stop_after_the_same_step_on_sigint_and_sigterm(tmp_path):
     run = tmp_path / "run"
     f = write_yaml(tmp_path / "c.yaml", const_lr_cfg(run))
-    cmd = TORCHRUN + ["--standalone", "--nproc_per_node=2", "-m", "mamba3_lite.train", "--config", str(f)]
+    cmd = TORCHRUN + ["--standalone", "--nproc_per_node=2", "-m", "mamba3_lite.cli", "train", "--config", str(f)]
     last = 0
     def everyone(p, sig):                                        # a scheduler that signals every process of the job:
         for pid in [p.pid, *workers(p)]: os.kill(pid, sig)       # each worker gets it twice (torchrun forwards it too)
@@ -131,7 +131,7 @@ def test_torchrun_ranks_stop_after_the_same_step_on_sigint_and_sigterm(tmp_path)
         out, err = p.communicate(timeout=120)
         assert p.returncode != 0 and "second SIG" not in err, err[-3000:]    # torchrun's forwarded copy is no second signal
         name, step, where, command = stopped_line(err)                        # rank 0 alone prints it
-        assert where == str(run) and command.startswith("torchrun <the same launcher flags> -m mamba3_lite.train --config")
+        assert where == str(run) and command.startswith("torchrun <the same launcher flags> -m mamba3_lite.cli train --config")
         meta = CheckpointManager(run).read_meta(step)
         assert [d["rank"] for d in meta["data_position"]] == [0, 1] and step > last
         assert last == 0 or f"[resume] from checkpoint step {last}" in out
@@ -259,7 +259,7 @@ def two_nodes(cfg_file, cwds, *extra):
     "Two torchrun launchers, one per 'node', meeting at a c10d rendezvous on 127.0.0.1 (the multi-node command)."
     port = free_port()
     cmd = TORCHRUN + ["--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                      "-m", "mamba3_lite.train", "--config", str(cfg_file), *extra]
+                      "-m", "mamba3_lite.cli", "train", "--config", str(cfg_file), *extra]
     return [start(cmd, cwd=c) for c in cwds]
 
 

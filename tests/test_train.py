@@ -14,10 +14,12 @@ import pytest
 import torch
 import yaml
 
+from mamba3_lite.data import Batch
 from mamba3_lite.testing import gpt2_available, run_captured
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
+from mamba3_lite import optim as O
 from mamba3_lite import train as T
 from mamba3_lite.logger import read_metrics
 
@@ -55,7 +57,7 @@ class RecordingAdamW(torch.optim.AdamW):
 def batch(b=4, T_=16, vocab=256, seed=0):
     g = torch.Generator().manual_seed(seed)
     w = torch.randint(0, vocab, (b, T_ + 1), generator=g)
-    return w[:, :-1], w[:, 1:]
+    return Batch(w[:, :-1], w[:, 1:])
 
 
 def test_train_step_finite_moves_and_clips():
@@ -73,36 +75,36 @@ def test_train_step_finite_moves_and_clips():
 
 def test_lr_schedule_key_values():
     ref = dict(warmup_steps=2000, max_steps=256_000, min_lr_ratio=0.05)
-    assert math.isclose(Cfg.lr_factor(0, **ref), 0.01)
-    assert math.isclose(Cfg.lr_factor(1000, **ref), 0.505)
-    assert math.isclose(Cfg.lr_factor(2000, **ref), 1.0)
-    assert math.isclose(Cfg.lr_factor(129_000, **ref), 0.525)
-    assert math.isclose(Cfg.lr_factor(256_000, **ref), 0.05)
-    assert math.isclose(Cfg.lr_factor(999_999, **ref), 0.05)
+    assert math.isclose(O.lr_factor(0, **ref), 0.01)
+    assert math.isclose(O.lr_factor(1000, **ref), 0.505)
+    assert math.isclose(O.lr_factor(2000, **ref), 1.0)
+    assert math.isclose(O.lr_factor(129_000, **ref), 0.525)
+    assert math.isclose(O.lr_factor(256_000, **ref), 0.05)
+    assert math.isclose(O.lr_factor(999_999, **ref), 0.05)
     wsd = dict(ref, schedule="wsd", wsd_decay_frac=0.1)
-    assert Cfg.lr_factor(200_000, **wsd) == 1.0  # exact: the stable phase returns 1.0
-    assert math.isclose(Cfg.lr_factor(256_000 - 12_800, **wsd), 0.525)
+    assert O.lr_factor(200_000, **wsd) == 1.0  # exact: the stable phase returns 1.0
+    assert math.isclose(O.lr_factor(256_000 - 12_800, **wsd), 0.525)
     with pytest.raises(ValueError, match="cosine"):
-        Cfg.lr_factor(3000, **ref, schedule="step")
+        O.lr_factor(3000, **ref, schedule="step")
     # the LambdaLR applies it to the optimizer and resumes from its state_dict alone
     loop = Cfg.LoopConfig(lr=3e-4, warmup_steps=10, max_steps=100, min_lr_ratio=0.1)
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=loop.lr)
-    s = Cfg.build_scheduler(opt, loop)
+    s = O.build_scheduler(opt, loop)
     assert math.isclose(opt.param_groups[0]["lr"], 3e-6)
     for _ in range(37):
         opt.step(); s.step()
     opt2 = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=loop.lr)
-    s2 = Cfg.build_scheduler(opt2, loop)
+    s2 = O.build_scheduler(opt2, loop)
     s2.load_state_dict(json.loads(json.dumps(s.state_dict())))
     opt.step(); s.step(); opt2.step(); s2.step()
-    assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"] == 3e-4 * Cfg.lr_factor(38, **dict(
+    assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"] == 3e-4 * O.lr_factor(38, **dict(
         warmup_steps=10, max_steps=100, min_lr_ratio=0.1))  # exact: the same Python float expression
 
 
 def test_accumulation_equivalence_2x8_vs_1x16():
-    x, y = batch(b=16, seed=5)
+    x, y = (lambda b: (b.x, b.y))(batch(b=16, seed=5))
     results = []
-    for parts in ([(x, y)], [(x[:8], y[:8]), (x[8:], y[8:])]):
+    for parts in ([Batch(x, y)], [Batch(x[:8], y[:8]), Batch(x[8:], y[8:])]):
         m = tiny_model(seed=1)
         opt = torch.optim.SGD(m.parameters(), lr=1.0)
         r = T.train_step(m, opt, parts, max_grad_norm=1e9)
@@ -117,13 +119,13 @@ def test_accumulation_equivalence_2x8_vs_1x16():
 def test_nonfinite_step_is_skipped():
     m = tiny_model()
     opt = torch.optim.AdamW(m.param_groups(0.1), lr=1e-3)
-    sched = Cfg.build_scheduler(opt, Cfg.LoopConfig(warmup_steps=5, max_steps=10))
+    sched = O.build_scheduler(opt, Cfg.LoopConfig(warmup_steps=5, max_steps=10))
     before = [p.detach().clone() for p in m.parameters()]
     with torch.no_grad():
         m.embed.weight[0, 0] = float("nan")
-    x, y = batch()
-    x[0, 0] = 0
-    r = T.train_step(m, opt, [(x, y)], scheduler=sched)
+    b = batch()
+    b.x[0, 0] = 0
+    r = T.train_step(m, opt, [b], scheduler=sched)
     assert r.skipped and not math.isfinite(r.loss)
     assert sched.last_epoch == 0 and not opt.state  # neither the schedule nor the optimizer moved
     assert all(p.grad is None for p in m.parameters())
@@ -179,7 +181,7 @@ def test_resume_after_kill_is_bit_exact(tmp_path):
     T.run_training(straight, log=QUIET)
     killed_dir = tmp_path / "killed"
     cfg_file = write_yaml(tmp_path / "k.yaml", tiny_cfg(killed_dir, max_steps=n, save_every=4))
-    cmd = [sys.executable, "-m", "mamba3_lite.train", "--config", str(cfg_file)]
+    cmd = [sys.executable, "-m", "mamba3_lite.cli", "train", "--config", str(cfg_file)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -226,7 +228,7 @@ def test_missing_data_is_an_error_but_dry_run_uses_dummy(tmp_path):
 def test_config_errors(tmp_path):
     with pytest.raises(Cfg.ConfigError, match=r"unknown key\(s\) \['lr_max'\].*valid keys: seed, lr"):
         Cfg.config_from_dict({"training": {"lr_max": 1.0}})
-    with pytest.raises(Cfg.ConfigError, match=r"unknown key\(s\) \['chunksize'\] in section 'model'; valid keys: preset, vocab_size"):
+    with pytest.raises(Cfg.ConfigError, match=r"unknown key\(s\) \['chunksize'\] in section 'model'; valid keys: preset, d_model"):
         Cfg.config_from_dict({"model": {"chunksize": 64}})
     with pytest.raises(Cfg.ConfigError, match="training.max_steps must be int, got str"):
         Cfg.config_from_dict({"training": {"max_steps": "10"}})
@@ -339,7 +341,7 @@ def test_nan_guard_gives_up_after_repeated_rollbacks(tmp_path):
 @pytest.mark.skipif(not gpt2_available(), reason="GPT-2 ranks not available offline (set MAMBA3_LITE_GPT2_RANKS)")
 def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     "--reset-at-eos (or --set data.reset_at_eos=true) reaches the batches, the loss, evaluation, eval and generate."
-    from mamba3_lite import evaluate as E
+    from mamba3_lite import evaluate as E, streams as S
     from mamba3_lite.cli import prepare_cli
     from mamba3_lite.distributed import setup_distributed
     from mamba3_lite.ssd import seq_idx_from_eos
@@ -359,14 +361,15 @@ def test_reset_at_eos_from_the_cli_to_the_loss(tmp_path):
     on = parse(["--reset-at-eos"])
     assert on.data.reset_at_eos is True
     env = setup_distributed("cpu")
-    assert len(E.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch()) == 2
-    stream, val_batches = E.make_streams(on, env, 50257, log=QUIET)
-    x, y, sid = stream.next_batch()
+    assert S.make_streams(parse([]), env, 50257, log=QUIET)[0].next_batch().seq_idx is None
+    stream, val_batches = S.make_streams(on, env, 50257, log=QUIET)
+    b = stream.next_batch()
+    x, y, sid = b.x, b.y, b.seq_idx
     assert torch.equal(sid, seq_idx_from_eos(x, GPT2_EOS_ID)) and sid.max() > 0 and torch.equal(x[:, 1:], y[:, :-1])  # exact: token ids
-    assert all(len(b) == 3 for b in val_batches())
+    assert all(v.seq_idx is not None for v in val_batches())
     model = tiny_model(vocab=50257)
     with torch.no_grad():
-        packed, plain = E.lm_loss(model, (x, y, sid)), E.lm_loss(model, (x, y))
+        packed, plain = E.lm_loss(model, b), E.lm_loss(model, Batch(x, y))
         assert torch.equal(packed, model(x, targets=y, seq_idx=sid, return_logits=False).loss) and abs(packed - plain) > 1e-4  # exact: the same call
         r = E.evaluate(model, val_batches())
     assert math.isfinite(r["loss"])
