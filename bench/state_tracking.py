@@ -34,6 +34,10 @@ def parse_args(argv=None):
     p.add_argument("--layers", default="parity=1,modarith=1,modarith_brackets=1", help="task=n_layers,...")
     p.add_argument("--eval-lengths", default="40,80,160,256,512")
     p.add_argument("--eval-sequences", type=int, default=256)
+    d = StateTrackingConfig()
+    p.add_argument("--a-init", default=str(d.a_init), help="initial decay rate |A| (0 < a < 1), or 'none' for the LM's")
+    p.add_argument("--dt-range", default=f"{d.dt_min:g},{d.dt_max:g}", help="initial Δ range: min,max (log-uniform)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--out", default=None, help="JSON path (default bench/results/state_tracking_<date>.json)")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="combine the runs of earlier JSON files (e.g. sweeps run in parallel processes) into --out")
@@ -47,6 +51,10 @@ def parse_args(argv=None):
     a.stages = tuple(int(x) for x in a.stages.split(","))
     a.layers = {k: int(v) for k, v in (kv.split("=") for kv in a.layers.split(","))}
     a.eval_lengths = tuple(int(x) for x in a.eval_lengths.split(","))
+    a.a_init = None if a.a_init.lower() == "none" else float(a.a_init)
+    a.dt_range = tuple(float(x) for x in a.dt_range.split(","))
+    if len(a.dt_range) != 2: p.error(f"--dt-range: expected min,max, got {a.dt_range!r}")
+    if a.a_init is not None and not 0 < a.a_init < 1: p.error(f"--a-init: expected 0 < a < 1 or 'none', got {a.a_init}")
     return a
 
 
@@ -118,7 +126,9 @@ def main(argv=None):
             for lr in a.lrs:
                 cfg = StateTrackingConfig(task=task, variant=variant, lr=lr, n_layers=a.layers.get(task, 1),
                                           stages=a.stages, steps_per_stage=a.steps_per_stage,
-                                          eval_lengths=a.eval_lengths, eval_sequences=a.eval_sequences)
+                                          eval_lengths=a.eval_lengths, eval_sequences=a.eval_sequences,
+                                          a_init=a.a_init, dt_min=a.dt_range[0], dt_max=a.dt_range[1],
+                                          batch_size=a.batch_size)
                 r = train_state_tracking(cfg, log_every=max(1, a.steps_per_stage // 2), log=print)
                 r["scaled_accuracy"] = {str(k): v for k, v in r["scaled_accuracy"].items()}
                 print(f"{task:18s} {variant:10s} lr {lr:<7g} {r['cpu_s']:6.0f} cpu-s  " +

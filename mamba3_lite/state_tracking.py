@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['P_MOD', 'PLUS', 'MINUS', 'TIMES', 'LPAR', 'RPAR', 'EQ', 'PAD', 'VOCAB', 'TASKS', 'BATCHES', 'VARIANTS',
            'scaled_accuracy', 'parity_batch', 'modarith_batch', 'brackets_batch', 'StateTrackingConfig', 'task_loss',
-           'evaluate', 'train_state_tracking']
+           'evaluate', 'state_tracking_model', 'train_state_tracking']
 
 # %% ../nbs/16_state_tracking.ipynb #5t000003
 import math
@@ -102,8 +102,9 @@ class StateTrackingConfig:
     d_state: int = 16
     headdim: int = 16
     d_ff: int = 64
-    dt_min: float = 0.1
-    dt_max: float = 1.0
+    dt_min: float = 1.0                        # initial Δ, log-uniform in [dt_min, dt_max]
+    dt_max: float = 4.0
+    a_init: float | None = 1e-3                # initial decay rate |A| of every head; None: the LM's (near 1)
     lr: float = 3e-3
     batch_size: int = 64
     stages: tuple = (8, 16, 40, 80, 160)        # curriculum: the longest training length of each stage
@@ -118,6 +119,8 @@ class StateTrackingConfig:
             raise ValueError(f"variant: expected one of {sorted(VARIANTS)}, got {self.variant!r}")
         if not self.stages or min(self.stages) < 3:
             raise ValueError(f"stages: expected training lengths >= 3, got {self.stages!r}")
+        if self.a_init is not None and not 0 < self.a_init < 1:
+            raise ValueError(f"a_init: expected a decay rate in (0, 1) or None, got {self.a_init!r}")
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(vocab_size=VOCAB, d_model=self.d_model, n_layers=self.n_layers, d_ff=self.d_ff,
@@ -146,12 +149,25 @@ def evaluate(model, cfg: StateTrackingConfig, lengths=None) -> dict:
     return out
 
 # %% ../nbs/16_state_tracking.ipynb #5t00000d
+def state_tracking_model(cfg: StateTrackingConfig) -> Mamba3Transformer:
+    "The LM of `cfg.model_config()`; with `a_init`, each mixer's in_proj gets a bias whose A-logit rows start at f⁻¹(a_init)."
+    model = Mamba3Transformer(cfg.model_config())
+    if cfg.a_init is not None:
+        for layer in model.layers:
+            mixer = layer.mixer
+            bias = torch.zeros(sum(mixer.split_sizes))
+            start = sum(mixer.split_sizes[:5])                            # z, x, B, C, dt logits come first
+            bias[start:start + mixer.n_heads] = 1 - 1 / cfg.a_init        # f(u) = 1/(1-u) for u < 0
+            mixer.in_proj.bias = torch.nn.Parameter(bias)
+    return model
+
+
 @torch.enable_grad()   # training needs autograd whatever grad mode the caller left on
 def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=None) -> dict:
     "Train one model through the curriculum; return its losses, its scaled accuracy per test length and the time used."
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    model = Mamba3Transformer(cfg.model_config()).train()
+    model = state_tracking_model(cfg).train()
     opt = torch.optim.AdamW(model.param_groups(0.0), lr=cfg.lr, betas=(0.9, 0.95))
     total, warm = cfg.steps_per_stage * len(cfg.stages), max(1, cfg.steps_per_stage * len(cfg.stages) // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
