@@ -103,6 +103,14 @@ def report(result: dict, out: Path):
     print(f"CPU time {result['cpu_s']:.0f} s (1 thread per process); wrote {out} and {out.with_suffix('.png')}")
 
 
+def merged_settings(parts, stages):
+    "The settings of runs merged from several JSON files: what they share, the union of their sweeps, and each file's own."
+    own = [p["settings"] for p in parts]
+    shared = {k: v for k, v in own[0].items() if k not in ("tasks", "variants", "lrs") and all(o.get(k) == v for o in own)}
+    union = {k: sorted({x for o in own for x in o[k]}, key=[x for o in own for x in o[k]].index) for k in ("tasks", "variants", "lrs")}
+    return dict(shared, **union, stages=stages, merged_from=own)
+
+
 def main(argv=None):
     a = parse_args(argv)
     torch.set_flush_denormal(True)
@@ -115,7 +123,7 @@ def main(argv=None):
         parts = [json.loads(Path(f).read_text()) for f in a.merge]
         runs = [r for part in parts for r in part["runs"]]
         stages = max((r["config"]["stages"] for r in runs), key=max)
-        result = dict(date=date, settings=dict(settings, stages=stages, merged_from=[p["settings"] for p in parts]),
+        result = dict(date=date, settings=merged_settings(parts, stages),
                       runs=runs, best=best_of(runs, stages), paper_at_256=PAPER_256,
                       cpu_s=sum(r["cpu_s"] for r in runs), wall_s=max(p["wall_s"] for p in parts),
                       threads=1, torch=torch.__version__)

@@ -23,3 +23,13 @@ def test_bad_recipe_options_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(argv)
     assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_merged_settings_name_every_swept_rate_and_only_shared_settings():
+    part = lambda **kw: {"settings": {"tasks": ["parity"], "variants": ["Mamba-3"], "lrs": [3e-3], "steps_per_stage": 300,
+                                      "batch_size": 64, **kw}}
+    parts = [part(), part(lrs=[1e-3]), part(tasks=["modarith"], variants=["Mamba-3", "Mamba-2"], steps_per_stage=100)]
+    s = bench.merged_settings(parts, [8, 16])
+    assert (s["tasks"], s["variants"], s["lrs"]) == (["parity", "modarith"], ["Mamba-3", "Mamba-2"], [3e-3, 1e-3])
+    assert s["batch_size"] == 64 and "steps_per_stage" not in s     # differs between the files: only in merged_from
+    assert s["merged_from"] == [p["settings"] for p in parts] and s["stages"] == [8, 16]
