@@ -104,8 +104,8 @@ def report(result: dict, out: Path):
 
 
 def merged_settings(parts, stages):
-    "The settings of runs merged from several JSON files: what they share, the union of their sweeps, and each file's own."
-    own = [p["settings"] for p in parts]
+    "The settings of runs merged from several JSON files: what they share, the union of their sweeps, and each run's own."
+    own = [s for p in parts for s in p["settings"].get("merged_from", [p["settings"]])]   # a merged file brings its parts
     shared = {k: v for k, v in own[0].items() if k not in ("tasks", "variants", "lrs") and all(o.get(k) == v for o in own)}
     union = {k: sorted({x for o in own for x in o[k]}, key=[x for o in own for x in o[k]].index) for k in ("tasks", "variants", "lrs")}
     return dict(shared, **union, stages=stages, merged_from=own)

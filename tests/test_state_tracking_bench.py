@@ -33,3 +33,5 @@ def test_merged_settings_name_every_swept_rate_and_only_shared_settings():
     assert (s["tasks"], s["variants"], s["lrs"]) == (["parity", "modarith"], ["Mamba-3", "Mamba-2"], [3e-3, 1e-3])
     assert s["batch_size"] == 64 and "steps_per_stage" not in s     # differs between the files: only in merged_from
     assert s["merged_from"] == [p["settings"] for p in parts] and s["stages"] == [8, 16]
+    again = bench.merged_settings([{"settings": s}, part(lrs=[1e-2])], [8, 16])      # merging a merged file: its parts are kept
+    assert again["merged_from"] == [p["settings"] for p in parts] + [part(lrs=[1e-2])["settings"]] and again["lrs"] == [3e-3, 1e-3, 1e-2]
