@@ -241,8 +241,20 @@ def newest(pattern):
     return sorted(p.name for p in (REPO / "bench" / "results").glob(pattern))[-1]
 
 
+def decode_cpu_quotes(result):
+    row = result["rows"]["this tree"]
+    return [f"**{row['tokens_per_s_median']:.1f} tokens/s**, {row['aten_ops_per_step']:,} aten ops per decode step",
+            f"load average {result['load_average_1min']:.0f})"]
+
+
+def ssd_mamba2_quotes(result):
+    ratios = [", ".join(f"{r['ratio_to_ssd_chunked']['ssd_minimal_discrete']:.2f}×" for r in run["rows"]) for run in result["runs"]]
+    return [f"`ssd_minimal_discrete` takes {ratios[0]} our time", f"and {ratios[1]} at T ="]
+
+
 TRAIN_CPU = newest("train_cpu_2???-??-??.json")
-QUOTED_RESULTS = {TRAIN_CPU: train_cpu_quotes, "train_cpu_compile_2026-12-01.json": train_cpu_compile_quotes}
+QUOTED_RESULTS = {TRAIN_CPU: train_cpu_quotes, newest("decode_cpu_2???-??-??.json"): decode_cpu_quotes,
+                  newest("ssd_cpu_mamba2_2???-??-??.json"): ssd_mamba2_quotes, "train_cpu_compile_2026-12-01.json": train_cpu_compile_quotes}
 
 
 def markdown_text(nb):
