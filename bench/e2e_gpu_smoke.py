@@ -364,7 +364,7 @@ def check_checkpoint(ctx, c: Check):
     ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(4)).to(dev)
     with torch.no_grad():
         logits_err = nmax(m2(ids).logits, m(ids).logits)
-    c.details.update(file_keys=len(keys), step_files=sorted(p.name for p in mgr.save_dir.iterdir()))
+    c.details.update(file_keys=len(keys), step_files=sorted(p.name for p in mgr.checkpoint_dir.iterdir()))
     c.at_most("max |w_saved - w_loaded|", max_abs, 0.0)
     c.equal("weight tensors not bit-exact", len(diff), 0)
     c.equal("optimizer state tensors not bit-exact", odiff, 0)

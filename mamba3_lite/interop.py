@@ -341,12 +341,12 @@ def from_pretrained(source) -> Mamba3Transformer:
     except ValueError as e: raise ValueError(f"{weights}: {e}") from None     # a tensor's problem, named with its file
 
 # %% ../nbs/14_interop.ipynb #cf07f3dd
-def export_run(run_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:
+def export_run(checkpoint_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:
     "Write checkpoint `step` (default: the latest valid one) of a run directory as an official-layout model directory."
     taken = [name for name in ("config.json", *WEIGHT_FILES) if (Path(out_dir) / name).exists()]
     if taken:
         raise ValueError(f"{Path(out_dir) / taken[0]}: already exists; export into a new directory (nothing was written)")
-    model, _, meta = load_trained(run_dir, step, log=lambda s: None)
+    model, _, meta = load_trained(checkpoint_dir, step, log=lambda s: None)
     save_pretrained(model, out_dir, torch_bin=torch_bin)
     return {"step": meta["step"], "out_dir": str(out_dir), "files": sorted(p.name for p in Path(out_dir).iterdir())}
 
@@ -357,18 +357,18 @@ def _run_model_section(cfg: ModelConfig) -> dict:
     return {"preset": same[0]} if same else {"preset": "tiny", **dataclasses.asdict(cfg)}
 
 
-def import_run(source, run_dir, base_config=None) -> dict:
+def import_run(source, checkpoint_dir, base_config=None) -> dict:
     "Convert an official-layout model (directory or hub id) into step 0 of a new run directory, plus its config.yaml."
-    run_dir = Path(run_dir)
-    mgr = CheckpointManager(run_dir)
+    checkpoint_dir = Path(checkpoint_dir)
+    mgr = CheckpointManager(checkpoint_dir)
     if mgr.list_steps():
-        raise ValueError(f"{run_dir}: already holds checkpoints (steps {mgr.list_steps()}); import into a new run directory")
+        raise ValueError(f"{checkpoint_dir}: already holds checkpoints (steps {mgr.list_steps()}); import into a new run directory")
     model = from_pretrained(source)
     cfg = TrainingConfig() if base_config is None else load_config(base_config)
     cfg = dataclasses.replace(cfg, model=_run_model_section(model.config),
-                              training=dataclasses.replace(cfg.training, checkpoint_dir=str(run_dir)))
+                              training=dataclasses.replace(cfg.training, checkpoint_dir=str(checkpoint_dir)))
     plain = config_to_dict(cfg)
     mgr.save(model, None, 0, extra_meta={"config": plain, "tag": "import", "imported_from": str(source)})
-    atomic_write(run_dir / "config.yaml", lambda p: p.write_text(yaml.safe_dump(plain, sort_keys=False)))
-    return {"run_dir": str(run_dir), "step": 0, "config": str(run_dir / "config.yaml"),
+    atomic_write(checkpoint_dir / "config.yaml", lambda p: p.write_text(yaml.safe_dump(plain, sort_keys=False)))
+    return {"checkpoint_dir": str(checkpoint_dir), "step": 0, "config": str(checkpoint_dir / "config.yaml"),
             "parameters": model.num_parameters()}

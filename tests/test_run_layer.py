@@ -62,3 +62,12 @@ def test_reset_at_eos_is_read_where_it_acts():
         isinstance(n, ast.Attribute) and n.attr == "reset_at_eos" for n in ast.walk(tree(m.stem))))
     assert readers == ["cli", "data", "streams"], readers
     assert not any("get_doc_batch" in (PKG / f"{m}.py").read_text() for m in ("data", "evaluate", "streams", "train", "cli"))
+
+
+def test_one_name_for_the_checkpoint_directory():
+    "The directory of checkpoints + metrics.jsonl is `checkpoint_dir` in every module that handles it (`save_dir`, `run_dir`: never)."
+    import re
+    found = {m: sorted(set(re.findall(r"(?<![\w.])(?:\w+\.)?(?:save_dir|run_dir)\b|['\"](?:save_dir|run_dir)['\"]", (PKG / f"{m}.py").read_text())))
+             for m in ("checkpoint", "train", "logger", "cli", "config", "interop", "harness")}
+    found["cli"] = [n for n in found["cli"] if n != "args.run_dir"]   # quickstart's --run-dir: the parent that holds checkpoints/
+    assert not any(found.values()), found
