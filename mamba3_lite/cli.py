@@ -314,8 +314,7 @@ def eval_cli(argv=None) -> int:
         model, cfg, meta = load_trained(a.checkpoint_dir, a.step, a.device)
         apply_num_threads(cfg.training.num_threads, a.device)
         enc = gpt2_encoding()
-        ds = PretrainDataset(prepared_root(a.data_path, (a.split,)), cfg.data.max_seq_len, model.config.vocab_size, split=a.split,
-                             reset_at_eos=cfg.data.reset_at_eos)
+        ds = PretrainDataset.from_config(cfg.data, model.config.vocab_size, prepared_root(a.data_path, (a.split,)), split=a.split)
         digests = verify_in_background(ds)      # every shard against its manifest, read while the model runs
         batches = (b.to(a.device) for b in ds.eval_batches(a.batch_size, a.max_batches))
         r = evaluate_bits_per_byte(model, batches, enc.decode_bytes)
