@@ -37,7 +37,7 @@ MAMBA_CONFIG_DEFAULTS = dict(d_model=2560, d_intermediate=0, n_layer=64, vocab_s
 MAMBA3_DEFAULTS = dict(d_state=128, expand=2, headdim=64, ngroups=1, rope_fraction=0.5, dt_min=0.001, dt_max=0.1,
                        dt_init_floor=1e-4, A_floor=1e-4, is_outproj_norm=False, is_mimo=False, mimo_rank=4,
                        fuse_pregate_headwise_norm=True, chunk_size=64, dropout=0.0)
-# ModelConfig field -> its official ssm_cfg key (chunk_size is converted separately: official = ours / R)
+# ModelConfig field -> its official ssm_cfg key (both count chunk_size in tokens)
 MIXER_FIELDS = dict(d_state="d_state", expand="expand", headdim="headdim", ngroups="ngroups",
                     rope_fraction="rope_fraction", dt_min="dt_min", dt_max="dt_max", dt_init_floor="dt_init_floor",
                     a_floor="A_floor", outproj_norm="is_outproj_norm", is_mimo="is_mimo", mimo_rank="mimo_rank")
@@ -70,7 +70,7 @@ def mamba_ssm_config(cfg: ModelConfig, pad_vocab_size_multiple: int = 8) -> dict
         _refuse("d_state", f"the official MIMO rotation splits the state into {parts} equal parts; "
                 f"d_state = {cfg.d_state} is not divisible by {parts}")
     ssm = {"layer": "Mamba3", **{off: getattr(cfg, ours) for ours, off in MIXER_FIELDS.items()},
-           "chunk_size": cfg.chunk_size // cfg.rank, "fuse_pregate_headwise_norm": True, "dropout": 0.0}
+           "chunk_size": cfg.chunk_size, "fuse_pregate_headwise_norm": True, "dropout": 0.0}
     return dict(d_model=cfg.d_model, d_intermediate=cfg.d_ff, n_layer=cfg.n_layers, vocab_size=cfg.vocab_size,
                 ssm_cfg=ssm, attn_layer_idx=[], attn_cfg={}, rms_norm=True, residual_in_fp32=True,
                 fused_add_norm=True, pad_vocab_size_multiple=pad_vocab_size_multiple, tie_embeddings=True)
@@ -109,9 +109,8 @@ def model_config_from_mamba_ssm(config: dict, d_ff: int = None) -> ModelConfig:
         _refuse("ssm_cfg.rope_fraction", f"the official Mamba3 accepts 0.5 or 1.0, got {s['rope_fraction']!r}")
     if s["dropout"]:
         _refuse("ssm_cfg.dropout", f"expected 0.0, got {s['dropout']!r}")
-    rank = s["mimo_rank"] if s["is_mimo"] else 1
     return check_fits_in_memory(ModelConfig(vocab_size=c["vocab_size"], d_model=c["d_model"], n_layers=c["n_layer"],
-                                            d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"] * rank,
+                                            d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"],
                                             norm_eps=OFFICIAL_EPS, **{ours: s[off] for ours, off in MIXER_FIELDS.items()}))
 
 # %% ../nbs/14_interop.ipynb #7f7b8666
