@@ -364,7 +364,7 @@ def check_checkpoint(ctx, c: Check):
     ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(4)).to(dev)
     with torch.no_grad():
         logits_err = nmax(m2(ids).logits, m(ids).logits)
-    c.details.update(file_keys=len(keys), step_files=sorted(p.name for p in mgr.save_dir.iterdir()))
+    c.details.update(file_keys=len(keys), step_files=sorted(p.name for p in mgr.checkpoint_dir.iterdir()))
     c.at_most("max |w_saved - w_loaded|", max_abs, 0.0)
     c.equal("weight tensors not bit-exact", len(diff), 0)
     c.equal("optimizer state tensors not bit-exact", odiff, 0)
@@ -386,7 +386,7 @@ def train_config(ctx):
         data=DataConfig(data_path=str(ensure_corpus(ctx)), max_seq_len=ctx.seq_len, shuffle=True),
         training=LoopConfig(seed=0, lr=3e-3, warmup_steps=2, max_steps=TRAIN_STEPS, micro_batch_size=ctx.batch,
                             gradient_accumulation_steps=1, log_every=5, eval_every=10, eval_batches=2,
-                            save_every=10, checkpoint_dir=str(ctx.run_dir), compile=not ctx.cpu,
+                            save_every=10, checkpoint_dir=str(ctx.checkpoint_dir), compile=not ctx.cpu,
                             compile_mode=ctx.compile_mode, precision="fp32" if ctx.cpu else "bf16",
                             device=ctx.device.type))
 
@@ -421,8 +421,8 @@ def check_train(ctx, c: Check):
         res = run_training(cfg, log=log)
         sync(ctx.device)
         train_s = time.perf_counter() - t0
-        train_losses = [r["loss"] for r in read_metrics(ctx.run_dir) if r.get("kind") == "train"]
-        mgr = CheckpointManager(ctx.run_dir)
+        train_losses = [r["loss"] for r in read_metrics(ctx.checkpoint_dir) if r.get("kind") == "train"]
+        mgr = CheckpointManager(ctx.checkpoint_dir)
         steps, latest = mgr.list_steps(), mgr.latest_step()
         trainer = Pretrainer(cfg, log=log)                     # a new process would see exactly this directory
         resumed = trainer.train()
@@ -457,8 +457,8 @@ def check_generate(ctx, c: Check):
     from mamba3_lite.evaluate import load_trained
 
     dev = ctx.device
-    if CheckpointManager(ctx.run_dir).latest_step() is not None:
-        model, _, meta = load_trained(ctx.run_dir, device=str(dev), log=lambda s: print(f"    | {s}"))
+    if CheckpointManager(ctx.checkpoint_dir).latest_step() is not None:
+        model, _, meta = load_trained(ctx.checkpoint_dir, device=str(dev), log=lambda s: print(f"    | {s}"))
         c.details["model"] = f"trained, checkpoint step {meta['step']} of check 5 ({model.config.ssd_dispatch} dispatch)"
     else:
         torch.manual_seed(0)
@@ -504,7 +504,7 @@ class Context:
         self.seq_len, self.batch = (32, 4) if a.cpu else (128, 8)
         self.compile_mode = a.compile_mode
         self.corpus, self.corpus_info = None, {}
-        self.run_dir = workdir / "run"
+        self.checkpoint_dir = workdir / "run"
 
 
 def git_commit():

@@ -79,7 +79,7 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype (weights stay fp32)")
     p.add_argument("--grad-checkpoint", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--ssd-dispatch", choices=["pytorch", "triton"], default="pytorch")
-    p.add_argument("--chunk-size", type=int, default=None, help="override the preset's chunk_size (rows)")
+    p.add_argument("--chunk-size", type=int, default=None, help="override the preset's chunk_size (tokens per SSD chunk)")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cuda")

@@ -96,7 +96,7 @@ class MixerConfig:
     rope_fraction: float = 0.5     # fraction of state dims rotated: S = floor(N f)/2 angles (f in [0, 1])
     is_mimo: bool = False
     mimo_rank: int = 4             # R, used when is_mimo
-    chunk_size: int = 64           # SSD chunk length in rows (tokens x R)
+    chunk_size: int = 64           # SSD chunk length in tokens (a MIMO chunk holds tokens x R rows)
     ssd_dispatch: str = "pytorch"  # "pytorch" | "triton" (also needs ENABLE_TRITON_KERNELS=1)
     outproj_norm: bool = False     # per-head RMSNorm before the gate
     norm_eps: float = 1e-5
@@ -120,8 +120,6 @@ class MixerConfig:
         require(self.n_heads % self.ngroups == 0, "ngroups", f"n_heads = {self.n_heads} is not divisible by ngroups = {self.ngroups}")
         require(isinstance(self.rope_fraction, (int, float)) and 0.0 <= self.rope_fraction <= 1.0, "rope_fraction",
                 f"expected a number in [0, 1], got {self.rope_fraction!r}")
-        require(self.chunk_size % self.rank == 0, "chunk_size", f"MIMO chunks are counted in rows (tokens x rank); "
-                f"chunk_size = {self.chunk_size} is not divisible by mimo_rank = {self.mimo_rank}")
         require(self.ssd_dispatch in SSD_DISPATCHES, "ssd_dispatch", f"expected one of {SSD_DISPATCHES}, got {self.ssd_dispatch!r}")
         require(0 < self.dt_min <= self.dt_max, "dt_min", f"expected 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
         for name in ("dt_init_floor", "a_floor", "norm_eps"):
@@ -185,10 +183,6 @@ class Mamba3Block(nn.Module):
     def d_in_proj(self) -> int:
         return sum(self.split_sizes)
 
-    @property
-    def chunk_tokens(self) -> int:
-        "Tokens per SSD chunk: `chunk_size` rows / R."
-        return self.chunk_size // self.rank
 
 
 # %% ../nbs/02_block.ipynb #b042c9c3
@@ -281,7 +275,7 @@ def _triton_opted_in() -> bool:
     return False
 
 
-def _triton_ssd_or_reason(x: torch.Tensor, headdim: int, d_state: int, chunk_tokens: int):
+def _triton_ssd_or_reason(x: torch.Tensor, headdim: int, d_state: int, chunk_size: int):
     "Return (ssd_triton, None) when the kernel accepts this call, else (None, why not)."
     try:
         from mamba3_lite.ssd_triton import check_block_dims, ssd_triton
@@ -290,7 +284,7 @@ def _triton_ssd_or_reason(x: torch.Tensor, headdim: int, d_state: int, chunk_tok
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return None, "the tensors are not on a CUDA device and TRITON_INTERPRET=1 is not set"
     try:
-        check_block_dims(headdim, d_state, chunk_tokens)
+        check_block_dims(headdim, d_state, chunk_size)
     except ValueError as e:
         return None, str(e)
     return ssd_triton, None
@@ -301,7 +295,7 @@ def _ssd_fn(self: Mamba3Block, u: torch.Tensor):
     "The SSD function this block uses for the input u, following ssd_dispatch and the two-part opt-in."
     if self.ssd_dispatch == "pytorch" or not _triton_opted_in():
         return ssd_chunked
-    fn, reason = _triton_ssd_or_reason(u, self.headdim, self.d_state, self.chunk_tokens)
+    fn, reason = _triton_ssd_or_reason(u, self.headdim, self.d_state, self.chunk_size)
     if fn is None:
         if not self._fallback_warned:
             warnings.warn(f"Mamba3Block: the Triton SSD kernel refused this block ({reason}); falling back to the "
@@ -323,7 +317,7 @@ def _forward_impl(self: Mamba3Block, u, initial_state=None, return_state=False, 
         starts = document_starts(seq_idx, u.shape[0], u.shape[1], u.device)
         inp, initial_state, angle = self._fixed_rotation(inp, initial_state, starts)
     y, state = ssd(inp.x, inp.dt, inp.A, inp.B, inp.C, inp.lam, theta=inp.theta, D=self.D,
-                   initial_state=initial_state, chunk_size=self.chunk_tokens, **bias, **docs)
+                   initial_state=initial_state, chunk_size=self.chunk_size, **bias, **docs)
     if self.rotation == "fixed":
         state = state._replace(angle=angle)
     out = self._output(y, inp.z)

@@ -141,13 +141,13 @@ class CheckpointCorruptError(RuntimeError):
 # %% ../nbs/07_checkpoint.ipynb #c5120311
 class CheckpointManager:
     "Atomic, verified three-file checkpoints (`model_step_N.safetensors`, `optim_step_N.pt`, `meta_step_N.json`)."
-    def __init__(self, save_dir, keep_last=None):
+    def __init__(self, checkpoint_dir, keep_last=None):
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be None or an int >= 1, got {keep_last!r}")
-        self.save_dir, self.keep_last = Path(save_dir), keep_last
-        if self.save_dir.exists() and not self.save_dir.is_dir():
-            raise NotADirectoryError(f"save_dir {self.save_dir} exists and is not a directory")
-        self._digests, self.lock = {}, RunLock(self.save_dir)
+        self.checkpoint_dir, self.keep_last = Path(checkpoint_dir), keep_last
+        if self.checkpoint_dir.exists() and not self.checkpoint_dir.is_dir():
+            raise NotADirectoryError(f"checkpoint_dir {self.checkpoint_dir} exists and is not a directory")
+        self._digests, self.lock = {}, RunLock(self.checkpoint_dir)
 
     @contextlib.contextmanager
     def writer(self):
@@ -157,14 +157,14 @@ class CheckpointManager:
 
     def paths(self, step: int) -> dict:
         "The three file paths of `step`."
-        d = self.save_dir
+        d = self.checkpoint_dir
         return {"model": d / f"model_step_{step}.safetensors", "optim": d / f"optim_step_{step}.pt",
                 "meta": d / f"meta_step_{step}.json"}
 
     def list_steps(self) -> list:
         "Every step that has at least one of its three files on disk (committed or not), ascending."
-        if not self.save_dir.is_dir(): return []
-        return sorted({int(m.group(2)) for p in self.save_dir.iterdir() if (m := _STEP_FILE.match(p.name))})
+        if not self.checkpoint_dir.is_dir(): return []
+        return sorted({int(m.group(2)) for p in self.checkpoint_dir.iterdir() if (m := _STEP_FILE.match(p.name))})
 
     def _digest(self, path, algo: str) -> dict:
         s = path.stat()
@@ -199,7 +199,7 @@ def problems(self: CheckpointManager, step: int) -> list:
     except CheckpointCorruptError as e: return [str(e)]
     out = []
     for kind, rec in meta["files"].items():
-        p = self.save_dir / rec["name"]
+        p = self.checkpoint_dir / rec["name"]
         if not p.exists(): out.append(f"{p}: missing (its meta records {rec['size']} bytes)"); continue
         size = p.stat().st_size
         if size != rec["size"]: out.append(f"{p}: size {size} != {rec['size']} recorded in meta (truncated or torn)")
@@ -220,9 +220,9 @@ def _torch_save(obj, path):
     except (ImportError, AttributeError): ctx = contextlib.nullcontext()
     with ctx: torch.save(obj, path)
 
-def _remove_stale_temps(save_dir: Path):
+def _remove_stale_temps(checkpoint_dir: Path):
     "Delete temp files left by a crashed save (called under the run's lock: no other writer has one in flight)."
-    for p in save_dir.glob(f".*_step_*{TMP_SUFFIX}"): p.unlink(missing_ok=True)
+    for p in checkpoint_dir.glob(f".*_step_*{TMP_SUFFIX}"): p.unlink(missing_ok=True)
 
 # %% ../nbs/07_checkpoint.ipynb #9a291104
 @patch
@@ -246,12 +246,12 @@ def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, 
     state = independent_tensors(state_dict if state_dict is not None else unwrap_compiled(model).state_dict())
     meta = {"step": step, "format": FORMAT, "version": mamba3_lite.__version__,
             "rng": extra.pop("rng", None) or capture_rng_state(), **extra}
-    self.save_dir.mkdir(parents=True, exist_ok=True)
+    self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     with self.writer():
-        if self.lock.held_by_me: _remove_stale_temps(self.save_dir)
+        if self.lock.held_by_me: _remove_stale_temps(self.checkpoint_dir)
         paths = self.paths(step)
         if paths["meta"].exists():                          # (0) uncommit an earlier save of this step
-            paths["meta"].unlink(); fsync_dir(self.save_dir)
+            paths["meta"].unlink(); fsync_dir(self.checkpoint_dir)
         tmps, files, writing = {}, {}, paths["model"]
         try:
             with ThreadPoolExecutor(max_workers=4) as pool:     # (1)-(2): a written file is fsync'd and hashed
@@ -266,7 +266,7 @@ def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, 
                 files = {k: {**dig.result(), "name": paths[k].name} for k, (_, dig) in jobs.items()}
             for k, tmp in tmps.items(): os.replace(tmp, paths[k])    # (3)
             if optimizer is None: paths["optim"].unlink(missing_ok=True)
-            fsync_dir(self.save_dir)                            # (4) renames durable before the commit record
+            fsync_dir(self.checkpoint_dir)                            # (4) renames durable before the commit record
             meta["files"] = files
             meta["meta_sha256"] = meta_digest(meta)
             body, writing = json.dumps(meta, indent=2, allow_nan=False).encode(), paths["meta"]
@@ -292,7 +292,7 @@ def prune(self: CheckpointManager, newest: int):
         ps = self.paths(s)
         ps["meta"].unlink(missing_ok=True)              # uncommit first
         ps["model"].unlink(missing_ok=True); ps["optim"].unlink(missing_ok=True)
-    if doomed: fsync_dir(self.save_dir)
+    if doomed: fsync_dir(self.checkpoint_dir)
     return doomed
 
 @patch
@@ -302,13 +302,13 @@ def abandon_after(self: CheckpointManager, step: int):
     after a rewind, or after a resume that skipped newer broken steps: a step on disk is never overwritten."""
     newer = [s for s in self.list_steps() if s > step]
     if not newer: return None
-    dest = self.save_dir / "abandoned" / f"after_{step}_{time.strftime('%Y%m%dT%H%M%S')}"
+    dest = self.checkpoint_dir / "abandoned" / f"after_{step}_{time.strftime('%Y%m%dT%H%M%S')}"
     with self.writer():
         dest.mkdir(parents=True, exist_ok=True)
         for s in newer:
             for p in (self.paths(s)[k] for k in ("meta", "model", "optim")):
                 if p.exists(): os.replace(p, dest / p.name)
-        fsync_dir(dest); fsync_dir(self.save_dir)
+        fsync_dir(dest); fsync_dir(self.checkpoint_dir)
     return dest
 
 # %% ../nbs/07_checkpoint.ipynb #d9f1d1e5
@@ -332,7 +332,7 @@ def resume_point(self: CheckpointManager):
         if not (probs := self.problems(s)): return self.latest_step()   # warns about each newer broken step
         broken[s] = probs[0]
     if broken:
-        raise CheckpointCorruptError(f"no checkpoint in {self.save_dir} verifies (" + "; ".join(f"step {s}: {p}" for s, p in
+        raise CheckpointCorruptError(f"no checkpoint in {self.checkpoint_dir} verifies (" + "; ".join(f"step {s}: {p}" for s, p in
                                      broken.items()) + "); nothing was changed: move the broken steps away to start afresh")
     return None
 
@@ -390,18 +390,18 @@ def load(self: CheckpointManager, model, step: int, device="cpu", optimizer=None
     recs = {"model": meta["files"]["model"]}
     if optimizer is not None:
         rec = meta["files"].get("optim")
-        if rec is None or not (self.save_dir / rec["name"]).exists():
+        if rec is None or not (self.checkpoint_dir / rec["name"]).exists():
             warnings.warn(f"load: no optimizer state at {paths['optim']}; the optimizer starts from scratch", CheckpointWarning)
         else: recs["optim"] = rec
-    for k, rec in recs.items(): _check_size(self.save_dir / rec["name"], rec)
-    before = {k: _fingerprint(self.save_dir / rec["name"]) for k, rec in recs.items()}   # before any hashing starts
+    for k, rec in recs.items(): _check_size(self.checkpoint_dir / rec["name"], rec)
+    before = {k: _fingerprint(self.checkpoint_dir / rec["name"]) for k, rec in recs.items()}   # before any hashing starts
     with ThreadPoolExecutor(max_workers=len(recs)) as hashers:
-        jobs = {k: hashers.submit(self._digest, self.save_dir / rec["name"], record_digest(rec)) for k, rec in recs.items()}
-        weights = _verified_read(self.save_dir / recs["model"]["name"], recs["model"], jobs["model"],
+        jobs = {k: hashers.submit(self._digest, self.checkpoint_dir / rec["name"], record_digest(rec)) for k, rec in recs.items()}
+        weights = _verified_read(self.checkpoint_dir / recs["model"]["name"], recs["model"], jobs["model"],
                                  before["model"], safetensors.torch.load_file)
         osd = None
         if "optim" in recs:
-            osd = _verified_read(self.save_dir / recs["optim"]["name"], recs["optim"], jobs["optim"], before["optim"],
+            osd = _verified_read(self.checkpoint_dir / recs["optim"]["name"], recs["optim"], jobs["optim"], before["optim"],
                                  lambda p: _own_cpu_tensors(torch.load(p, map_location=device, weights_only=True, mmap=True)))
     weights = {strip_compile_prefix(k): v for k, v in weights.items()}
     target = unwrap_compiled(model)

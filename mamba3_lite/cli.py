@@ -191,7 +191,7 @@ def train_parser() -> argparse.ArgumentParser:
         "Multi-GPU: torchrun --nproc_per_node=K -m mamba3_lite.cli train --config F ...")
     p.add_argument("--config", required=True, metavar="F", help="a packaged config by name (tiny_cpu, pretrain_a100_400m) or a YAML file")
     p.add_argument("--data-path", metavar="P", help="prepared corpus (directory with train/ and val/); overrides data.data_path")
-    p.add_argument("--checkpoint-dir", metavar="D", help="run directory for checkpoints and metrics.jsonl; overrides training.checkpoint_dir")
+    p.add_argument("--checkpoint-dir", metavar="D", help="checkpoint directory (checkpoints and metrics.jsonl); overrides training.checkpoint_dir")
     p.add_argument("--resume", type=_step, metavar="N", help="resume from checkpoint step N (wins over auto-discovery of the latest; "
                    "the first save after it moves newer steps to <checkpoint-dir>/abandoned/)")
     p.add_argument("--reset-optimizer", action="store_true", help="resume without the checkpoint's AdamW state (fresh "
@@ -262,7 +262,7 @@ def train_cli(argv=None) -> int:
             first, last = res["first_eval_loss"], res["final_eval_loss"]
             print(f"done: steps {res['first_step']}->{res['final_step']} in {res['wall_time_s']:.1f}s | "
                   f"val_loss {first if first is None else round(first, 4)} -> {last if last is None else round(last, 4)} | "
-                  f"run dir {res['run_dir']}")
+                  f"checkpoint dir {res['checkpoint_dir']}")
         return 0
     return run_cli(train_parser(), argv, body)
 
@@ -272,7 +272,7 @@ def eval_parser() -> argparse.ArgumentParser:
         "Validation loss, perplexity and bits per byte of a trained checkpoint on a prepared corpus (--data-path), or "
         "standard benchmarks through lm-evaluation-harness (--tasks; pip install 'mamba3-lite[eval]'). Bits per byte = "
         "total NLL / (ln 2 x UTF-8 bytes of the GPT-2 decoding of the evaluated target tokens).")
-    p.add_argument("--checkpoint-dir", required=True, metavar="D", help="run directory written by `mamba3-lite train`")
+    p.add_argument("--checkpoint-dir", required=True, metavar="D", help="checkpoint directory written by `mamba3-lite train`")
     p.add_argument("--step", type=_step, metavar="N", help="checkpoint step (default: the latest valid one)")
     p.add_argument("--data-path", metavar="P", help="prepared corpus; its val/ split is evaluated (needed without --tasks)")
     p.add_argument("--split", default="val", choices=["val", "train"], help="which split to evaluate (default: val)")
@@ -287,7 +287,7 @@ def eval_parser() -> argparse.ArgumentParser:
     h.add_argument("--include-path", metavar="DIR", help="a directory of extra task YAMLs (local tasks and data)")
     h.add_argument("--bootstrap-iters", type=int, default=0, metavar="N", help="standard errors: 0 = none (default); N > 0 = "
                    "closed form for accuracies, N bootstrap resamples for the other metrics")
-    h.add_argument("--output", metavar="FILE", help="write the results JSON here instead of the run directory")
+    h.add_argument("--output", metavar="FILE", help="write the results JSON here instead of the checkpoint directory")
     return p
 
 
@@ -314,8 +314,7 @@ def eval_cli(argv=None) -> int:
         model, cfg, meta = load_trained(a.checkpoint_dir, a.step, a.device)
         apply_num_threads(cfg.training.num_threads, a.device)
         enc = gpt2_encoding()
-        ds = PretrainDataset(prepared_root(a.data_path, (a.split,)), cfg.data.max_seq_len, model.config.vocab_size, split=a.split,
-                             reset_at_eos=cfg.data.reset_at_eos)
+        ds = PretrainDataset.from_config(cfg.data, model.config.vocab_size, prepared_root(a.data_path, (a.split,)), split=a.split)
         digests = verify_in_background(ds)      # every shard against its manifest, read while the model runs
         batches = (b.to(a.device) for b in ds.eval_batches(a.batch_size, a.max_batches))
         r = evaluate_bits_per_byte(model, batches, enc.decode_bytes)
@@ -331,10 +330,10 @@ def eval_tasks(a) -> int:
     from mamba3_lite.harness import Mamba3LM, results_path, results_table, run_tasks, write_results
 
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
-    lm = Mamba3LM.from_run_dir(a.checkpoint_dir, a.step, a.device, batch_size=a.batch_size)
+    lm = Mamba3LM.from_checkpoint_dir(a.checkpoint_dir, a.step, a.device, batch_size=a.batch_size)
     res = run_tasks(lm, tasks, limit=a.limit, num_fewshot=a.num_fewshot, include_path=a.include_path,
                     bootstrap_iters=a.bootstrap_iters)
-    info = {"run_dir": str(a.checkpoint_dir), "step": lm.step, "max_length": lm.max_length, "batch_size": a.batch_size,
+    info = {"checkpoint_dir": str(a.checkpoint_dir), "step": lm.step, "max_length": lm.max_length, "batch_size": a.batch_size,
             "limit": a.limit, "num_fewshot": a.num_fewshot, "tasks": tasks}
     path = write_results(res, a.output or results_path(a.checkpoint_dir, lm.step, tasks), info)
     print(results_table(res))
@@ -344,7 +343,7 @@ def eval_tasks(a) -> int:
 # %% ../nbs/12_cli.ipynb #32cb7f0f
 def generate_parser() -> argparse.ArgumentParser:
     p = CLIParser(prog="mamba3-lite generate", description="Continue a text prompt with a trained checkpoint (GPT-2 BPE).")
-    p.add_argument("--checkpoint-dir", required=True, metavar="D", help="run directory written by `mamba3-lite train`")
+    p.add_argument("--checkpoint-dir", required=True, metavar="D", help="checkpoint directory written by `mamba3-lite train`")
     p.add_argument("--step", type=_step, metavar="N", help="checkpoint step (default: the latest valid one)")
     p.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     p.add_argument("--max-new-tokens", type=_positive, default=64, metavar="N", help="tokens to generate (default: 64)")
@@ -384,7 +383,7 @@ def export_parser() -> argparse.ArgumentParser:
     p = CLIParser(prog="mamba3-lite export", description=
         "Write a checkpoint of a run as a model directory in the official mamba_ssm layout: config.json, "
         "model.safetensors and pytorch_model.bin (what mamba_ssm's MambaLMHeadModel.from_pretrained reads).")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by `mamba3-lite train`")
+    p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="checkpoint directory written by `mamba3-lite train`")
     p.add_argument("out_dir", metavar="OUT_DIR", help="model directory to write (created)")
     p.add_argument("--step", type=_step, metavar="N", help="checkpoint step (default: the latest valid one)")
     p.add_argument("--no-torch-bin", action="store_true", help="skip pytorch_model.bin (model.safetensors only)")
@@ -395,8 +394,8 @@ def export_cli(argv=None) -> int:
     "`mamba3-lite export ...`; returns the exit code."
     from mamba3_lite.interop import export_run
     def body(a):
-        r = export_run(a.run_dir, a.out_dir, a.step, torch_bin=not a.no_torch_bin)
-        print(f"exported step {r['step']} of {a.run_dir} to {r['out_dir']}: {', '.join(r['files'])}")
+        r = export_run(a.checkpoint_dir, a.out_dir, a.step, torch_bin=not a.no_torch_bin)
+        print(f"exported step {r['step']} of {a.checkpoint_dir} to {r['out_dir']}: {', '.join(r['files'])}")
         return 0
     return run_cli(export_parser(), argv, body)
 
@@ -407,7 +406,7 @@ def import_parser() -> argparse.ArgumentParser:
         "pytorch_model.bin, or a Hugging Face hub id when huggingface_hub is installed) into step 0 of a new run "
         "directory that `train`, `eval` and `generate` accept, with its config.yaml.")
     p.add_argument("source", metavar="SRC_DIR", help="model directory or hub id")
-    p.add_argument("--out", required=True, metavar="RUN_DIR", help="new run directory")
+    p.add_argument("--out", required=True, metavar="CHECKPOINT_DIR", help="new checkpoint directory")
     p.add_argument("--config", metavar="YAML", help="take the data/training sections of config.yaml from this config")
     return p
 
@@ -417,7 +416,7 @@ def import_cli(argv=None) -> int:
     from mamba3_lite.interop import import_run
     def body(a):
         r = import_run(a.source, a.out, a.config)
-        print(f"imported {a.source} ({r['parameters']:,} parameters) as step 0 of {r['run_dir']}; "
+        print(f"imported {a.source} ({r['parameters']:,} parameters) as step 0 of {r['checkpoint_dir']}; "
               f"continue training with: mamba3-lite train --config {r['config']}")
         return 0
     return run_cli(import_parser(), argv, body)
@@ -520,8 +519,8 @@ def quickstart(args, log=print) -> dict:
     data = _prepare_data(args, log)
     cfg = apply_overrides(cfg, {"data.data_path": str(data), "training.checkpoint_dir": str(args.run_dir / "checkpoints")})
     summary = run_training(cfg, log=log)
-    png = plot_metrics(summary["run_dir"], args.run_dir / "loss.png")
-    model, _, _ = load_trained(summary["run_dir"], log=log)
+    png = plot_metrics(summary["checkpoint_dir"], args.run_dir / "loss.png")
+    model, _, _ = load_trained(summary["checkpoint_dir"], log=log)
     prompt = torch.tensor([enc.encode_ordinary(args.prompt)])
     out = model.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=0.8, top_k=50,
                          seed=cfg.training.seed, eos_id=enc.eot_token)
@@ -538,7 +537,7 @@ def quickstart_cli(argv=None) -> int:
         first, final = s["first_eval_loss"], s["final_eval_loss"]
         print(f"\n[quickstart] validation loss {first:.3f} -> {final:.3f} (down {first - final:.2f} nats) "
               f"in {s['final_step']} steps, {s['tokens_seen']:,} tokens, {s['total_wall_time_s'] / 60:.1f} min")
-        print(f"[quickstart] checkpoints and metrics.jsonl in {s['run_dir']}; loss curve in {s['loss_png']}")
+        print(f"[quickstart] checkpoints and metrics.jsonl in {s['checkpoint_dir']}; loss curve in {s['loss_png']}")
         print("[quickstart] sample:\n" + s["sample"])
         return 0
     return run_cli(quickstart_parser(), argv, body)

@@ -301,12 +301,12 @@ def refused_changes(changes: list) -> list:
 def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
     "The 2-step wiring-check version of `cfg`."
     t = cfg.training
-    run_dir = Path(t.checkpoint_dir)
-    if run_dir.name != "dry_run":
-        run_dir = run_dir / "dry_run"
+    checkpoint_dir = Path(t.checkpoint_dir)
+    if checkpoint_dir.name != "dry_run":
+        checkpoint_dir = checkpoint_dir / "dry_run"
     return dataclasses.replace(cfg, training=dataclasses.replace(
         t, dry_run=True, max_steps=2, log_every=1, eval_every=2, eval_batches=1, save_every=2,
-        warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(run_dir)))
+        warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(checkpoint_dir)))
 
 # %% ../nbs/09_config.ipynb #cb11fae8
 SMALL_MACHINE_CORES = 2  # at most this many physical cores: `auto` is one thread (see above)

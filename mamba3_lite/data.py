@@ -389,6 +389,12 @@ def eos_id(self: PretrainDataset) -> int:
         if sh is not None: return sh.eos_id
     return (self.manifest or {}).get("eos_id", GPT2_EOS_ID)
 
+# %% ../nbs/06_data.ipynb #c22f0a02
+@patch(cls_method=True)
+def from_config(cls: PretrainDataset, data, vocab_size: int, root=None, split: str = "train", **kwargs) -> PretrainDataset:
+    "The dataset a `DataConfig` describes (its `max_seq_len`, its `reset_at_eos`) over `root`, a prepared corpus; `kwargs` go to the constructor."
+    return cls(root, data.max_seq_len, vocab_size, split=split, reset_at_eos=data.reset_at_eos, **kwargs)
+
 # %% ../nbs/06_data.ipynb #b84493d9
 class WindowSampler:
     "Batches of window indices forever: sequential or (seed, epoch)-shuffled order, round-robin split over ranks, resumable."

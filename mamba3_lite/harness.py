@@ -173,7 +173,7 @@ class Mamba3LM(_HarnessBase):
         if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.model, self.enc = model.eval(), (encoding if encoding is not None else gpt2_encoding())
         self._max_length, self.batch_size, self.max_gen_toks, self.progress = max_length, batch_size, max_gen_toks, progress
-        self._device, self.step, self.run_dir = next(model.parameters()).device, None, None
+        self._device, self.step, self.checkpoint_dir = next(model.parameters()).device, None, None
 
     eot_token_id = property(lambda self: self.enc.eot_token)
     max_length = property(lambda self: self._max_length)
@@ -215,12 +215,12 @@ class Mamba3LM(_HarnessBase):
 
 # %% ../nbs/15_harness.ipynb #0b4aebe7
 @patch(cls_method=True)
-def from_run_dir(cls: Mamba3LM, run_dir, step: int = None, device: str = "cpu", **kwargs) -> "Mamba3LM":
+def from_checkpoint_dir(cls: Mamba3LM, checkpoint_dir, step: int = None, device: str = "cpu", **kwargs) -> "Mamba3LM":
     "The model of a run directory's checkpoint `step` (default: the latest valid one), window = its training max_seq_len."
     from mamba3_lite.evaluate import load_trained
-    model, cfg, meta = load_trained(run_dir, step, device, log=lambda _: None)
+    model, cfg, meta = load_trained(checkpoint_dir, step, device, log=lambda _: None)
     lm = cls(model, max_length=kwargs.pop("max_length", cfg.data.max_seq_len), **kwargs)
-    lm.step, lm.run_dir = meta["step"], Path(run_dir)
+    lm.step, lm.checkpoint_dir = meta["step"], Path(checkpoint_dir)
     return lm
 
 # %% ../nbs/15_harness.ipynb #815089f8
@@ -257,12 +257,12 @@ def results_table(res: dict) -> str:
     from lm_eval.utils import make_table
     return make_table(res)
 
-def results_path(run_dir, step: int, tasks: list) -> Path:
+def results_path(checkpoint_dir, step: int, tasks: list) -> Path:
     "`RUN/lm_eval_step{step}_{tasks}.json`, beside the run's metrics.jsonl (a long task list is named by its hash)."
     import hashlib
     tag = "+".join(tasks)
     if len(tag) > 60 or not all(c.isalnum() or c in "+_-." for c in tag): tag = hashlib.sha1(tag.encode()).hexdigest()[:12]
-    return Path(run_dir) / f"lm_eval_step{step}_{tag}.json"
+    return Path(checkpoint_dir) / f"lm_eval_step{step}_{tag}.json"
 
 def write_results(res: dict, path, extra: dict = None) -> Path:
     "Write the results (without per-sample records, plus `extra` under 'mamba3_lite') as JSON, atomically; returns the path."

@@ -37,7 +37,7 @@ MAMBA_CONFIG_DEFAULTS = dict(d_model=2560, d_intermediate=0, n_layer=64, vocab_s
 MAMBA3_DEFAULTS = dict(d_state=128, expand=2, headdim=64, ngroups=1, rope_fraction=0.5, dt_min=0.001, dt_max=0.1,
                        dt_init_floor=1e-4, A_floor=1e-4, is_outproj_norm=False, is_mimo=False, mimo_rank=4,
                        fuse_pregate_headwise_norm=True, chunk_size=64, dropout=0.0)
-# ModelConfig field -> its official ssm_cfg key (chunk_size is converted separately: official = ours / R)
+# ModelConfig field -> its official ssm_cfg key (both count chunk_size in tokens)
 MIXER_FIELDS = dict(d_state="d_state", expand="expand", headdim="headdim", ngroups="ngroups",
                     rope_fraction="rope_fraction", dt_min="dt_min", dt_max="dt_max", dt_init_floor="dt_init_floor",
                     a_floor="A_floor", outproj_norm="is_outproj_norm", is_mimo="is_mimo", mimo_rank="mimo_rank")
@@ -70,7 +70,7 @@ def mamba_ssm_config(cfg: ModelConfig, pad_vocab_size_multiple: int = 8) -> dict
         _refuse("d_state", f"the official MIMO rotation splits the state into {parts} equal parts; "
                 f"d_state = {cfg.d_state} is not divisible by {parts}")
     ssm = {"layer": "Mamba3", **{off: getattr(cfg, ours) for ours, off in MIXER_FIELDS.items()},
-           "chunk_size": cfg.chunk_size // cfg.rank, "fuse_pregate_headwise_norm": True, "dropout": 0.0}
+           "chunk_size": cfg.chunk_size, "fuse_pregate_headwise_norm": True, "dropout": 0.0}
     return dict(d_model=cfg.d_model, d_intermediate=cfg.d_ff, n_layer=cfg.n_layers, vocab_size=cfg.vocab_size,
                 ssm_cfg=ssm, attn_layer_idx=[], attn_cfg={}, rms_norm=True, residual_in_fp32=True,
                 fused_add_norm=True, pad_vocab_size_multiple=pad_vocab_size_multiple, tie_embeddings=True)
@@ -109,9 +109,8 @@ def model_config_from_mamba_ssm(config: dict, d_ff: int = None) -> ModelConfig:
         _refuse("ssm_cfg.rope_fraction", f"the official Mamba3 accepts 0.5 or 1.0, got {s['rope_fraction']!r}")
     if s["dropout"]:
         _refuse("ssm_cfg.dropout", f"expected 0.0, got {s['dropout']!r}")
-    rank = s["mimo_rank"] if s["is_mimo"] else 1
     return check_fits_in_memory(ModelConfig(vocab_size=c["vocab_size"], d_model=c["d_model"], n_layers=c["n_layer"],
-                                            d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"] * rank,
+                                            d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"],
                                             norm_eps=OFFICIAL_EPS, **{ours: s[off] for ours, off in MIXER_FIELDS.items()}))
 
 # %% ../nbs/14_interop.ipynb #7f7b8666
@@ -341,12 +340,12 @@ def from_pretrained(source) -> Mamba3Transformer:
     except ValueError as e: raise ValueError(f"{weights}: {e}") from None     # a tensor's problem, named with its file
 
 # %% ../nbs/14_interop.ipynb #cf07f3dd
-def export_run(run_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:
+def export_run(checkpoint_dir, out_dir, step: int = None, torch_bin: bool = True) -> dict:
     "Write checkpoint `step` (default: the latest valid one) of a run directory as an official-layout model directory."
     taken = [name for name in ("config.json", *WEIGHT_FILES) if (Path(out_dir) / name).exists()]
     if taken:
         raise ValueError(f"{Path(out_dir) / taken[0]}: already exists; export into a new directory (nothing was written)")
-    model, _, meta = load_trained(run_dir, step, log=lambda s: None)
+    model, _, meta = load_trained(checkpoint_dir, step, log=lambda s: None)
     save_pretrained(model, out_dir, torch_bin=torch_bin)
     return {"step": meta["step"], "out_dir": str(out_dir), "files": sorted(p.name for p in Path(out_dir).iterdir())}
 
@@ -357,18 +356,18 @@ def _run_model_section(cfg: ModelConfig) -> dict:
     return {"preset": same[0]} if same else {"preset": "tiny", **dataclasses.asdict(cfg)}
 
 
-def import_run(source, run_dir, base_config=None) -> dict:
+def import_run(source, checkpoint_dir, base_config=None) -> dict:
     "Convert an official-layout model (directory or hub id) into step 0 of a new run directory, plus its config.yaml."
-    run_dir = Path(run_dir)
-    mgr = CheckpointManager(run_dir)
+    checkpoint_dir = Path(checkpoint_dir)
+    mgr = CheckpointManager(checkpoint_dir)
     if mgr.list_steps():
-        raise ValueError(f"{run_dir}: already holds checkpoints (steps {mgr.list_steps()}); import into a new run directory")
+        raise ValueError(f"{checkpoint_dir}: already holds checkpoints (steps {mgr.list_steps()}); import into a new run directory")
     model = from_pretrained(source)
     cfg = TrainingConfig() if base_config is None else load_config(base_config)
     cfg = dataclasses.replace(cfg, model=_run_model_section(model.config),
-                              training=dataclasses.replace(cfg.training, checkpoint_dir=str(run_dir)))
+                              training=dataclasses.replace(cfg.training, checkpoint_dir=str(checkpoint_dir)))
     plain = config_to_dict(cfg)
     mgr.save(model, None, 0, extra_meta={"config": plain, "tag": "import", "imported_from": str(source)})
-    atomic_write(run_dir / "config.yaml", lambda p: p.write_text(yaml.safe_dump(plain, sort_keys=False)))
-    return {"run_dir": str(run_dir), "step": 0, "config": str(run_dir / "config.yaml"),
+    atomic_write(checkpoint_dir / "config.yaml", lambda p: p.write_text(yaml.safe_dump(plain, sort_keys=False)))
+    return {"checkpoint_dir": str(checkpoint_dir), "step": 0, "config": str(checkpoint_dir / "config.yaml"),
             "parameters": model.num_parameters()}

@@ -91,7 +91,7 @@ def truncate_metrics(path, step: int, moved_to=None) -> int:
 
 class TrainingLogger:
     "Windowed training metrics → console line, progress bar, `metrics.jsonl`, optional WandB. See the API above."
-    def __init__(self, run_dir=None, log_every=10, total_steps=None, start_step=0, flops_per_token=0.0,
+    def __init__(self, checkpoint_dir=None, log_every=10, total_steps=None, start_step=0, flops_per_token=0.0,
                  device=None, peak_flops=None, progress=None, config=None, clock=time.perf_counter, hold=False):
         if not isinstance(log_every, int) or log_every < 1: raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
         if flops_per_token < 0: raise ValueError(f"flops_per_token must be >= 0, got {flops_per_token!r}")
@@ -100,10 +100,10 @@ class TrainingLogger:
         if peak_flops is None:
             peak_flops = peak_flops_for(torch.cuda.get_device_name(self.device)) if self.device.type == "cuda" else 0.0
         self.peak_flops, self.clock = float(peak_flops), clock
-        self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.metrics_path = self.run_dir / "metrics.jsonl" if self.run_dir is not None else None
-        if self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.metrics_path = self.checkpoint_dir / "metrics.jsonl" if self.checkpoint_dir is not None else None
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             if not hold: truncate_metrics(self.metrics_path, start_step)
         self._fd, self._wandb, self._wandb_tried, self._due = None, None, False, False
         self._start, self._held, self._failed = start_step, ([] if hold else None), False
@@ -204,7 +204,7 @@ def _start_wandb(self: TrainingLogger):
                       "metrics go to the console and metrics.jsonl only", LoggerWarning); return
     try:
         self._wandb = wandb.init(project=project, name=os.environ.get("WANDB_RUN_NAME"), config=self.config,
-                                 dir=str(self.run_dir) if self.run_dir is not None else None)
+                                 dir=str(self.checkpoint_dir) if self.checkpoint_dir is not None else None)
     except Exception as e:
         warnings.warn(f"wandb.init failed ({type(e).__name__}: {e}); training continues without WandB", LoggerWarning)
 
@@ -260,11 +260,11 @@ def release(self: TrainingLogger, moved_to=None):
     for line in held: self._append(line)
 
 # %% ../nbs/08_logger.ipynb #3da6cf66
-def read_metrics(run_dir) -> list:
-    """The records of `run_dir/metrics.jsonl`, one per (kind, step): the last one written wins (a NaN rollback
+def read_metrics(checkpoint_dir) -> list:
+    """The records of `checkpoint_dir/metrics.jsonl`, one per (kind, step): the last one written wins (a NaN rollback
     re-logs the steps after its checkpoint). A torn line, as a crash can leave, is skipped with a warning."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists(): raise FileNotFoundError(f"{path}: no metrics file (was TrainingLogger given run_dir={run_dir!r}?)")
+    path = Path(checkpoint_dir) / "metrics.jsonl"
+    if not path.exists(): raise FileNotFoundError(f"{path}: no metrics file (was TrainingLogger given checkpoint_dir={checkpoint_dir!r}?)")
     rows = {}
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip(): continue
@@ -274,13 +274,13 @@ def read_metrics(run_dir) -> list:
         rows.pop(key, None); rows[key] = rec                   # re-insert: file order of the last occurrence
     return list(rows.values())
 
-def plot_metrics(run_dir, out_png=None) -> Path:
-    "Plot loss (+ eval loss), lr and tokens/s from `run_dir/metrics.jsonl` into a PNG (default `run_dir/metrics.png`)."
+def plot_metrics(checkpoint_dir, out_png=None) -> Path:
+    "Plot loss (+ eval loss), lr and tokens/s from `checkpoint_dir/metrics.jsonl` into a PNG (default `checkpoint_dir/metrics.png`)."
     from matplotlib.figure import Figure
-    rows = read_metrics(run_dir)
+    rows = read_metrics(checkpoint_dir)
     train = [r for r in rows if r.get("kind") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval" and r.get("loss") is not None]
-    if not train and not evals: raise ValueError(f"{Path(run_dir) / 'metrics.jsonl'}: no train or eval records to plot")
+    if not train and not evals: raise ValueError(f"{Path(checkpoint_dir) / 'metrics.jsonl'}: no train or eval records to plot")
     col = lambda rs, k: ([r["step"] for r in rs if r.get(k) is not None], [r[k] for r in rs if r.get(k) is not None])
     fig = Figure(figsize=(10, 3))
     ax_loss, ax_lr, ax_tps = fig.subplots(1, 3)
@@ -293,6 +293,6 @@ def plot_metrics(run_dir, out_png=None) -> Path:
     ax_tps.plot(steps, tps); ax_tps.set(title="tokens / s", xlabel="step")
     ax_tps.set_ylim(0, 1.15 * max(tps, default=0) or 1)        # from 0: a steady rate reads as flat, not as noise zoomed in
     fig.tight_layout()
-    out = Path(out_png) if out_png is not None else Path(run_dir) / "metrics.png"
+    out = Path(out_png) if out_png is not None else Path(checkpoint_dir) / "metrics.png"
     fig.savefig(out, dpi=80)
     return out

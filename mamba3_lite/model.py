@@ -60,12 +60,12 @@ _TINY = dict(vocab_size=50257, d_model=64, n_layers=4, d_ff=192, d_state=32, exp
 PRESETS = {
     # the CPU test model; every SSD dim >= 16 so the Triton kernel runs on it too
     "tiny": _TINY,
-    # its rank-2 MIMO twin (chunk of 32 rows = 16 tokens)
-    "tiny-mimo": {**_TINY, "is_mimo": True, "mimo_rank": 2, "chunk_size": 32},
+    # its rank-2 MIMO twin (chunks of 16 tokens = 32 rows)
+    "tiny-mimo": {**_TINY, "is_mimo": True, "mimo_rank": 2},
     # the ~434M production model
     "a100-400m": {},
-    # its MIMO sibling: R = 4 with d_ff = 1984 lands at the same size (chunk 64 rows = 16 tokens)
-    "a100-400m-mimo": {"is_mimo": True, "mimo_rank": 4, "d_ff": 1984},
+    # its MIMO sibling: R = 4 with d_ff = 1984 lands at the same size (chunks of 16 tokens = 64 rows)
+    "a100-400m-mimo": {"is_mimo": True, "mimo_rank": 4, "d_ff": 1984, "chunk_size": 16},
 }
 
 # %% ../nbs/03_model.ipynb #4ed29770
@@ -117,7 +117,7 @@ def flops_per_token(self: ModelConfig, seq_len: int) -> int:
     "Training FLOPs per token: 6 * params + the SSD core's forward+backward (3x forward) FLOPs; see above."
     require(isinstance(seq_len, int) and seq_len >= 1, "seq_len", f"expected a positive int, got {seq_len!r}")
     R, N, P = self.rank, self.d_state, self.headdim
-    rows = min(self.chunk_size, R * seq_len)
+    rows = R * min(self.chunk_size, seq_len)
     ssd_fwd = self.n_heads * (2 * rows * R * (N + P) + 4 * R * N * P)
     return 6 * closed_form_num_parameters(self) + 3 * self.n_layers * ssd_fwd
 

@@ -55,13 +55,11 @@ def make_streams(config: TrainingConfig, env, vocab_size: int, log=print):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the dummy layout's warning is replaced by our own line
         if _use_dummy(config, log):
-            train = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed, reset_at_eos=d.reset_at_eos)
-            val = PretrainDataset(None, d.max_seq_len, vocab_size, dummy=True, seed=t.seed + 1, dummy_windows=256,
-                                  reset_at_eos=d.reset_at_eos)
+            train = PretrainDataset.from_config(d, vocab_size, dummy=True, seed=t.seed)
+            val = PretrainDataset.from_config(d, vocab_size, dummy=True, seed=t.seed + 1, dummy_windows=256)
         else:   # the prepared root: one split directory would serve as both train and val
             root = prepared_root(d.data_path)
-            train, val = (PretrainDataset(root, d.max_seq_len, vocab_size, split=s, reset_at_eos=d.reset_at_eos)
-                          for s in ("train", "val"))
+            train, val = (PretrainDataset.from_config(d, vocab_size, root, split=s) for s in ("train", "val"))
     sampler = WindowSampler(len(train), t.micro_batch_size, shuffle=d.shuffle, seed=t.seed,
                             rank=env.rank, world_size=env.world_size)
     b, w = t.micro_batch_size, env.world_size

@@ -128,7 +128,7 @@ class Pretrainer:
                 self.log("[cpu] glibc keeps freed buffers up to 1 GiB in the heap (training.cpu_malloc_cache)")
         apply_num_threads(t.num_threads, env.device.type, log=self.log)
         seed_everything(t.seed)
-        self.run_dir = Path(t.checkpoint_dir)
+        self.checkpoint_dir = Path(t.checkpoint_dir)
         self.model_config = build_model_config(config, log=self.log)
         self.raw_model = Mamba3Transformer(self.model_config).to(env.device)
         self.sharded = env.world_size > 1 and t.parallel == "fsdp"
@@ -155,7 +155,7 @@ class Pretrainer:
         elif t.compile:
             self.log("[compile] skipped on CPU (set training.compile_on_cpu: true to force it)")
         self.autocast_dtype = torch.bfloat16 if env.device.type == "cuda" and t.precision == "bf16" else None
-        self.ckpt = CheckpointManager(self.run_dir, keep_last=t.keep_last)
+        self.ckpt = CheckpointManager(self.checkpoint_dir, keep_last=t.keep_last)
         self.train_stream, self.val_batches = make_streams(config, env, self.model_config.vocab_size, log=self.log)
         self.data_identity = dataset_identity(self.train_stream.dataset)
         self._data_check = verify_in_background(self.train_stream.dataset, self.val_batches.dataset)
@@ -264,10 +264,10 @@ def _resume(self: Pretrainer, step: int) -> int:
             warnings.warn(f"checkpoint step {step} skipped: {e}", CheckpointWarning)
             step = self._rank0(lambda: self.ckpt.latest_step(below=step))
             if step is None:
-                raise RuntimeError(f"no checkpoint in {self.run_dir} loads; move the broken steps away to start afresh") from None
+                raise RuntimeError(f"no checkpoint in {self.checkpoint_dir} loads; move the broken steps away to start afresh") from None
     if self.env.is_main and any(s > step and (explicit or self.ckpt.paths(s)["meta"].exists()) for s in self.ckpt.list_steps()):
         self._abandon_after = step      # a rewind, or committed steps skipped as broken: moved away at the first save
-    self.log(f"[resume] from checkpoint step {self.step} in {self.run_dir}")
+    self.log(f"[resume] from checkpoint step {self.step} in {self.checkpoint_dir}")
     return step
 
 
@@ -315,7 +315,7 @@ def _make_logger(self: Pretrainer):
 
     t, dev = self.config.training, self.env.device
     peak = peak_flops_for(torch.cuda.get_device_name(dev)) * self.env.world_size if dev.type == "cuda" else 0.0
-    return TrainingLogger(self.run_dir, log_every=t.log_every, total_steps=t.max_steps, start_step=self.step,
+    return TrainingLogger(self.checkpoint_dir, log_every=t.log_every, total_steps=t.max_steps, start_step=self.step,
                           flops_per_token=self.model_config.flops_per_token(self.config.data.max_seq_len),
                           device=dev, peak_flops=peak, config=config_to_dict(self.config),
                           hold=self._abandon_after is not None)   # the old records stay up to the first commit
@@ -325,7 +325,7 @@ def _rollback(self: Pretrainer, streak: int):
     latest = self._rank0(self.ckpt.latest_step)
     if latest is None:
         raise RuntimeError(f"NaN guard: {streak} consecutive non-finite steps and no valid checkpoint in "
-                           f"{self.run_dir} to restore; lower training.lr or check the data")
+                           f"{self.checkpoint_dir} to restore; lower training.lr or check the data")
     self._rollbacks[latest] = self._rollbacks.get(latest, 0) + 1
     if self._rollbacks[latest] > MAX_ROLLBACKS_PER_CHECKPOINT:
         raise RuntimeError(f"NaN guard: rolled back to checkpoint step {latest} {MAX_ROLLBACKS_PER_CHECKPOINT} "
@@ -402,30 +402,30 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
         self.validate()
     if last_save != self.step:
         self.save_checkpoint(tag="final")
-    return {"run_dir": str(self.run_dir), "first_step": first_step, "final_step": self.step,
+    return {"checkpoint_dir": str(self.checkpoint_dir), "first_step": first_step, "final_step": self.step,
             "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
             "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
 
 class TrainingStopped(KeyboardInterrupt):
     "SIGTERM or SIGINT stopped training after a step; a checkpoint of that step is on disk (`saved`: written now)."
-    def __init__(self, signum: int, step: int, run_dir, saved: bool):
-        self.signum, self.step, self.run_dir, self.saved = signum, step, run_dir, saved
+    def __init__(self, signum: int, step: int, checkpoint_dir, saved: bool):
+        self.signum, self.step, self.checkpoint_dir, self.saved = signum, step, checkpoint_dir, saved
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint step {step} "
-                         f"{'saved' if saved else 'already on disk'} in {run_dir}")
+                         f"{'saved' if saved else 'already on disk'} in {checkpoint_dir}")
 
 @patch
 def _stop(self: Pretrainer, last_save: int):
     "Checkpoint the current step (unless it is on disk already) on every rank, then raise `TrainingStopped`."
     if last_save != self.step: self.save_checkpoint(tag="stopped")
-    raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.run_dir, saved=last_save != self.step)
+    raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.checkpoint_dir, saved=last_save != self.step)
 
 
 # %% ../nbs/11_train.ipynb #71e16f11
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
                  reset_optimizer: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
-    Returns run_dir, first/final step, first/final validation loss, every eval, tokens seen and wall time."""
+    Returns checkpoint_dir, first/final step, first/final validation loss, every eval, tokens seen and wall time."""
     if cfg.training.dry_run:
         cfg = dry_run_config(cfg)
     trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer)

@@ -172,7 +172,7 @@ def test_cli_eval_tasks_on_a_run_directory(tmp_path):
     assert written[0].name == f"lm_eval_step{step}_local_qa+local_docs.json" and saved["mamba3_lite"]["limit"] == 3
     assert isinstance(saved["results"]["local_qa"]["acc_stderr,none"], float)       # standard errors were asked for
     # the same numbers in-process, from the same checkpoint
-    lm = Mamba3LM.from_run_dir(run_dir, progress=False, batch_size=2)
+    lm = Mamba3LM.from_checkpoint_dir(run_dir, progress=False, batch_size=2)
     assert lm.step == step and lm.max_length == 128                           # the run's max_seq_len
     res = run_tasks(lm, ["local_qa", "local_docs"], limit=3, include_path=str(tasks))
     for task, metric in (("local_qa", "acc,none"), ("local_docs", "bits_per_byte,none")):
@@ -192,7 +192,7 @@ def test_exported_and_imported_models_give_the_same_answers(lm, tmp_path):
     tasks = str(write_tasks(tmp_path))
     want = run_tasks(lm, ["local_qa", "local_docs"], include_path=tasks, log_samples=True)["samples"]
     for other in (Mamba3LM(from_pretrained(tmp_path / "exported"), max_length=32, batch_size=3, progress=False),
-                  Mamba3LM.from_run_dir(tmp_path / "run", max_length=32, batch_size=3, progress=False)):
+                  Mamba3LM.from_checkpoint_dir(tmp_path / "run", max_length=32, batch_size=3, progress=False)):
         got = run_tasks(other, ["local_qa", "local_docs"], include_path=tasks, log_samples=True)["samples"]
         for task in ("local_qa", "local_docs"):
             flat = lambda samples: [r[0][0] if isinstance(r[0], (list, tuple)) else r[0] for s in samples for r in s["resps"]]

@@ -42,7 +42,6 @@ def tiny_block(**kw):
         ({"d_ff": True}, "d_ff"),
         ({"d_state": 0}, "d_state"),
         ({"chunk_size": 0}, "chunk_size"),
-        ({"is_mimo": True, "mimo_rank": 4, "chunk_size": 18}, "chunk_size"),
         ({"mimo_rank": 0}, "mimo_rank"),
         ({"is_mimo": "yes"}, "is_mimo"),
         ({"ssd_dispatch": "cuda"}, "ssd_dispatch"),
@@ -128,6 +127,23 @@ def test_triton_refusing_the_config_falls_back_once_per_block(monkeypatch, fresh
     assert len(fallbacks) == 2 and all("chunk_size" in m for m in fallbacks)   # once per block, says why
     for o in outs:
         assert torch.equal(o, want)  # exact: the same PyTorch ops on the same shapes
+
+
+@pytest.mark.parametrize("rank", [2, 4])
+def test_chunk_size_counts_tokens_at_every_mimo_rank(monkeypatch, rank):
+    "`chunk_size` is tokens per chunk in the config and the SSD alike (as the official Mamba3's): any length, unchanged."
+    calls, real = [], block_mod.ssd_chunked
+    monkeypatch.setattr(block_mod, "ssd_chunked", lambda *a, **kw: calls.append(kw["chunk_size"]) or real(*a, **kw))
+    torch.manual_seed(0)
+    blk = tiny_block(chunk_size=6, is_mimo=True, mimo_rank=rank)      # 6 tokens: not a multiple of the rank 4
+    longer = tiny_block(chunk_size=6 * rank, is_mimo=True, mimo_rank=rank)   # an older meta's rows read as tokens
+    longer.load_state_dict(blk.state_dict())
+    u = torch.randn(1, 13, 64)
+    with torch.no_grad():
+        y, y_long = blk(u), longer(u)
+    assert calls == [6, 6 * rank]
+    assert nmax(y_long, y) < 1e-5        # another chunk length changes speed only (fp32 rounding)
+    assert ModelConfig.from_preset("tiny-mimo").chunk_size == ModelConfig.from_preset("tiny").chunk_size == 16
 
 
 def test_triton_opt_in_uses_the_kernel(monkeypatch, fresh_env_warning):

@@ -57,8 +57,24 @@ def test_mixer_fields_are_written_once():
 
 
 def test_reset_at_eos_is_read_where_it_acts():
-    "Read by the config (its field), the data layer (the dataset; the streams that build it) and the CLI (eval's dataset, generate)."
-    readers = sorted(m.stem for m in PKG.glob("*.py") if m.stem != "_modidx" and any(
-        isinstance(n, ast.Attribute) and n.attr == "reset_at_eos" for n in ast.walk(tree(m.stem))))
-    assert readers == ["cli", "data", "streams"], readers
+    """Read by the config (its field), the dataset (`PretrainDataset.from_config`, the one place a run's dataset is made,
+    for the streams and for eval alike) and `generate`; in the CLI only the train flag that sets the field and generate."""
+    readers = {}
+    for m in sorted(PKG.glob("*.py")):
+        if m.stem == "_modidx": continue
+        for top in tree(m.stem).body:
+            if any(isinstance(n, ast.Attribute) and n.attr == "reset_at_eos" for n in ast.walk(top)):
+                readers.setdefault(m.stem, set()).add(getattr(top, "name", "<module>"))
+    assert sorted(readers) == ["cli", "data"], readers
+    assert readers["cli"] == {"_cli_config", "generate_cli"}, readers["cli"]
+    assert "from_config" in readers["data"], readers["data"]
     assert not any("get_doc_batch" in (PKG / f"{m}.py").read_text() for m in ("data", "evaluate", "streams", "train", "cli"))
+
+
+def test_one_name_for_the_checkpoint_directory():
+    "The directory of checkpoints + metrics.jsonl is `checkpoint_dir` in every module that handles it (`save_dir`, `run_dir`: never)."
+    import re
+    found = {m: sorted(set(re.findall(r"(?<![\w.])(?:\w+\.)?(?:save_dir|run_dir)\b|['\"](?:save_dir|run_dir)['\"]", (PKG / f"{m}.py").read_text())))
+             for m in ("checkpoint", "train", "logger", "cli", "config", "interop", "harness")}
+    found["cli"] = [n for n in found["cli"] if n != "args.run_dir"]   # quickstart's --run-dir: the parent that holds checkpoints/
+    assert not any(found.values()), found

@@ -221,7 +221,7 @@ def test_missing_data_is_an_error_but_dry_run_uses_dummy(tmp_path):
     msgs = []
     res = T.run_training(Cfg.dry_run_config(cfg), log=msgs.append)
     assert res["final_step"] == 2 and any("dummy" in m for m in msgs)
-    assert Path(res["run_dir"]).name == "dry_run" and not list((tmp_path / "run").glob("meta_step_*"))
+    assert Path(res["checkpoint_dir"]).name == "dry_run" and not list((tmp_path / "run").glob("meta_step_*"))
 
 
 # -- config and CLI errors ---------------------------------------------------------------------------------
