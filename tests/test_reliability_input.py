@@ -321,12 +321,18 @@ def test_a_seed_out_of_range_is_refused_first_naming_the_option(tmp_path, seed):
 
 
 # D17 -- SIGTERM / SIGINT in prepare and eval ---------------------------------------------------------------------
+def _sigint_as_default():
+    """In the child: SIGINT back to its default, so Python turns it into KeyboardInterrupt even when the test runner was
+    started in the background (a non-interactive shell's `cmd &` ignores SIGINT, and the ignore is inherited)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @needs_gpt2
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_prepare_stopped_by_a_signal_is_one_line_and_leaves_no_temporaries(tmp_path, sig, code):
     texts, out = corpus(tmp_path / "texts", n=200), tmp_path / "tok"
     p = subprocess.Popen(_prepare_cmd(texts, out), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_sigint_as_default)
     _wait_for(p, lambda: (out / "train" / "shard_000001.bin").exists(), "prepare")
     os.kill(p.pid, signal.SIGSTOP)
     os.kill(p.pid, sig)
@@ -348,7 +354,7 @@ def test_eval_stopped_by_a_signal_is_one_line(prepared, tmp_path, sig, code):
     data, run, _ = prepared
     p = subprocess.Popen(MAIN + ["eval", "--checkpoint-dir", str(run), "--data-path", str(data), "--split", "train",
                                  "--batch-size", "1"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_sigint_as_default)
     _wait_for(p, lambda: _mapped(p.pid, "shard_000000.bin"), "eval")   # the shards are open: evaluating
     os.kill(p.pid, signal.SIGSTOP)
     os.kill(p.pid, sig)
