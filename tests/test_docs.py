@@ -132,12 +132,15 @@ def plotting_cells(nb):
 
 @pytest.mark.parametrize("nb", sorted((REPO / "nbs").glob("*.ipynb")), ids=lambda p: p.name)
 def test_notebook_is_saved_executed_with_its_plots(nb):
-    "Each notebook is committed with its outputs (run .ci/execute_notebooks.sh): every figure it draws is saved as a PNG."
+    "Each notebook is committed with its outputs (run .ci/execute_notebooks.sh): every figure it draws is saved as a PNG, and one with examples shows what they print."
     assert nb.stat().st_size < 1.5e6, f"{nb.name} is {nb.stat().st_size / 1e6:.2f} MB (limit 1.5 MB)"
     cells = json.loads(nb.read_text())["cells"]
     missing = [i for i, cell in plotting_cells({"cells": cells})
                if not any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))]
     assert not missing, f"{nb.name}: cells {missing} draw a figure but have no saved PNG; run .ci/execute_notebooks.sh {nb.relative_to(REPO)}"
+    examples = [c for c in cells if c["cell_type"] == "code" and not re.search(r"^\s*#\|\s*(export|hide|gpu)", "".join(c["source"]), flags=re.M)]
+    assert not examples or any(c.get("outputs") for c in cells), (
+        f"{nb.name}: {len(examples)} example cells and not one saved output; run .ci/execute_notebooks.sh {nb.relative_to(REPO)}")
 
 
 def test_readme_links_every_notebook():
