@@ -28,7 +28,7 @@ from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, ap
                                 config_to_dict, dry_run_config, refused_changes)
 from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
-                                     full_model_state, residual_blocks, setup_distributed)
+                                     full_model_state, residual_blocks, setup_distributed, teardown_distributed)
 from .evaluate import autocast_for, evaluate, lm_loss
 from .logger import TrainingLogger, peak_flops_for
 from .optim import build_optimizer, build_scheduler
@@ -432,8 +432,7 @@ def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Ca
     try:
         return trainer.train()
     finally:
-        if trainer.env.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        teardown_distributed(trainer.env)
 
 # %% ../nbs/11_train.ipynb #c2ede8d0
 if __name__ == "__main__" and sys.argv[0].endswith("train.py"):   # `python -m mamba3_lite.train` (not a notebook kernel)
