@@ -1,4 +1,5 @@
 """The `mamba3-lite` console script and the quickstart main job, run as a user would (subprocesses)."""
+import json
 import os
 import subprocess
 import sys
@@ -114,6 +115,9 @@ def test_quickstart_end_to_end_on_a_small_corpus(tmp_path):
     assert (run_dir / "checkpoints" / "metrics.jsonl").exists()
     assert list((run_dir / "checkpoints").glob("meta_step_6.json"))
     assert (run_dir / "data" / "train").is_dir() and (run_dir / "data" / "val").is_dir()
+    assert f"mamba3-lite eval --checkpoint-dir {run_dir}" in r.stdout           # the next commands take the run directory
+    cfg = json.loads((run_dir / "checkpoints" / "meta_step_6.json").read_text())["config"]
+    assert (cfg["data"]["data_path"], cfg["training"]["checkpoint_dir"]) == (str(run_dir / "data"), str(run_dir / "checkpoints"))
     # a second run resumes at step 6 instead of training again, and reuses the prepared shards
     r2 = run(args, cwd=Path(__file__).resolve().parent.parent)
     assert r2.returncode == 0, r2.stderr[-3000:]
