@@ -376,7 +376,7 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive, default=8, metavar="B", help="windows per batch, or lm-eval requests per batch (default: 8)")
     p.add_argument("--max-batches", type=_positive, metavar="N", help="evaluate only the first N batches (default: the whole split)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto = cuda when torch sees one)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
     h = p.add_argument_group("lm-evaluation-harness tasks")
     h.add_argument("--tasks", metavar="T1,T2", help="comma-separated lm-eval task names, e.g. hellaswag,arc_easy,lambada_openai; "
                    "results go to RUN/lm_eval_step{N}_{tasks}.json and are printed as a table")
@@ -436,7 +436,7 @@ def eval_cli(argv=None) -> int:
         digests = verify_in_background(ds)      # every shard against its manifest, read while the model runs
         n = len(ds) // a.batch_size if a.max_batches is None else min(len(ds) // a.batch_size, a.max_batches)
         batches = tqdm((b.to(device) for b in ds.eval_batches(a.batch_size, a.max_batches)), total=n, desc="eval",
-                       unit="batch", disable=a.quiet)
+                       unit="batch", disable=a.quiet or not sys.stderr.isatty())   # a bar on a terminal, as train's
         r = evaluate_bits_per_byte(model, batches, enc.decode_bytes)
         digests.result()                        # no number from shards that changed after prepare
         label = f"step={what['step']}" if "step" in what else f"model={a.checkpoint_dir}"

@@ -134,7 +134,7 @@ def test_export_refuses_a_missing_run_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not RANKS, reason="MAMBA3_LITE_GPT2_RANKS not set (.ci/run provides the GPT-2 ranks offline)")
-def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys):
+def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys, monkeypatch):
     texts = tmp_path / "texts"
     texts.mkdir()
     for i in range(40):
@@ -159,7 +159,9 @@ def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys
     print(outs)
     assert outs["run"] == outs["run2"] == outs["hf"]  # exact: equal weights and windows, the same commands
     # the numbers were appended beside metrics.jsonl (in the model directory for an export), two more after a second eval
-    assert main(["eval", "--checkpoint-dir", str(run), "--max-batches", "1", "--batch-size", "2", "--quiet"]) == 0
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)   # a terminal: the progress bar is drawn
+    assert main(["eval", "--checkpoint-dir", str(run), "--max-batches", "1", "--batch-size", "2"]) == 0
+    assert "eval: 100%" in capsys.readouterr().err
     recs = [json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines()]
     assert [(r["step"], r["batches"], r["data_path"]) for r in recs] == [(2, 2, str(tmp_path / "data")), (2, 1, str(tmp_path / "data"))]
     assert json.loads((tmp_path / "hf" / "eval.jsonl").read_text())["model_dir"] == str(tmp_path / "hf")
