@@ -208,6 +208,7 @@ def run_checkpoint_dir(path, new_ok: bool = False) -> Path:
                             "`mamba3-lite train`, `quickstart` or `import`)")
 
 
+# %% ../nbs/12_cli.ipynb #a7d3c004
 def run_config(path):
     """The TrainingConfig of the run at `path`: its `config.yaml` when it has one (`import` writes it), else the config
     of its latest valid checkpoint; `training.checkpoint_dir` is the run's."""
@@ -403,6 +404,7 @@ def _count(s: str) -> int:
     return v
 
 
+# %% ../nbs/12_cli.ipynb #a7d3c006
 def append_eval(out_dir, record: dict) -> Path:
     "Append `record` as one JSON line to `out_dir/eval.jsonl` (beside the run's metrics.jsonl); returns the path."
     path = Path(out_dir) / "eval.jsonl"
@@ -698,8 +700,8 @@ def main(argv=None) -> int:
         print(_usage())
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
-        from mamba3_lite import __version__
-        print(f"mamba3-lite {__version__}")
+        import mamba3_lite
+        print(f"mamba3-lite {mamba3_lite.__version__}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
