@@ -203,8 +203,8 @@ def run_checkpoint_dir(path, new_ok: bool = False) -> Path:
     if is_model_dir(d):
         raise ValueError(f"{d}: an exported model directory, not a run; `eval` and `generate` read it as it is, "
                          f"`mamba3-lite import {d} --out runs/NAME` makes it a run")
-    if not d.is_dir(): raise FileNotFoundError(f"run directory not found: {d}")
-    raise FileNotFoundError(f"{d}: no checkpoint in it or in {d / 'checkpoints'} (a run directory written by "
+    if not d.is_dir(): raise FileNotFoundError(f"checkpoint directory not found: {d} (give runs/NAME or its checkpoints/ folder)")
+    raise FileNotFoundError(f"no valid checkpoint in {d} or in {d / 'checkpoints'} (a run directory written by "
                             "`mamba3-lite train`, `quickstart` or `import`)")
 
 
@@ -446,7 +446,7 @@ def eval_cli(argv=None) -> int:
                                      "split": a.split, "seq_len": cfg.data.max_seq_len, "batch_size": a.batch_size,
                                      "batches": n, **r, "wall_time_s": round(time.time() - t0, 2)})
         print(f"{label} | {a.split}_loss={r['loss']:.4f} | ppl={r['ppl']:.2f} | bits_per_byte={r['bits_per_byte']:.4f} | "
-              f"tokens={r['tokens']:,} ({n} batches of {a.batch_size} x {cfg.data.max_seq_len}) | bytes={r['bytes']:,} | -> {path}")
+              f"tokens={r['tokens']:,} | bytes={r['bytes']:,} | batches={n}x{a.batch_size}x{cfg.data.max_seq_len} | saved={path}")
         return 0
     return run_cli(eval_parser(), argv, sigterm_raises()(body))
 

@@ -129,7 +129,7 @@ def test_eval_and_generate_run_on_the_runs_thread_setting(tmp_path, monkeypatch)
 def test_export_refuses_a_missing_run_in_one_line(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "run directory not found" in err
+    assert err.count("\n") == 1 and "checkpoint directory not found" in err
     assert not (tmp_path / "hf").exists()
 
 
@@ -154,7 +154,7 @@ def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys
         data = ["--data-path", str(tmp_path / "data"), "--seq-len", "32"] if name == "hf" else []
         assert main(["eval", "--checkpoint-dir", str(tmp_path / name), "--max-batches", "2", "--batch-size", "2", "--quiet"] + data) == 0
         gen, ev = [l for l in capsys.readouterr().out.splitlines() if not l.startswith("[cpu]")]   # (auto threads' note)
-        outs[name] = (gen, ev.split(" | ", 1)[1].rsplit(" | -> ", 1)[0])      # eval: the numbers, not the step or file
+        outs[name] = (gen, ev.split(" | ", 1)[1].rsplit(" | saved=", 1)[0])      # eval: the numbers, not the step or file
         assert ev.endswith(str((run if name == "run" else tmp_path / name) / "eval.jsonl"))
     print(outs)
     assert outs["run"] == outs["run2"] == outs["hf"]  # exact: equal weights and windows, the same commands
