@@ -56,6 +56,17 @@ def test_flags_and_defaults_agree_across_commands():
     assert BOOTSTRAP_ITERS == 100_000 and ev.bootstrap_iters is None           # None = lm-eval's default, standard errors on
 
 
+def test_train_finds_the_checkpoints_of_a_run_directory(tmp_path, monkeypatch):
+    "`train --checkpoint-dir runs/NAME` resumes the run in runs/NAME/checkpoints; a new folder is a new run; both absolute."
+    from mamba3_lite.cli import _cli_config, train_parser
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "q" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "q" / "checkpoints" / "meta_step_1.json").write_text("{}")
+    for given, want in (("runs/q", "runs/q/checkpoints"), ("runs/q/checkpoints", "runs/q/checkpoints"), ("runs/new", "runs/new")):
+        cfg = _cli_config(train_parser().parse_args(["--config", "tiny_cpu", "--checkpoint-dir", given, "--data-path", "d"]))
+        assert (cfg.training.checkpoint_dir, cfg.data.data_path) == (str(tmp_path / want), str(tmp_path / "d")), given
+
+
 def test_device_cuda_without_cuda_is_one_line(tmp_path, capsys):
     import torch
     from mamba3_lite.cli import main
