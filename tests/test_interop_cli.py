@@ -87,7 +87,10 @@ def test_train_continues_an_imported_run(tmp_path, capsys, monkeypatch):
     r2 = tmp_path / "run2"
     monkeypatch.chdir(tmp_path)                                            # a relative --out is stored absolute
     assert main(["import", "hf", "--out", "run3"]) == 0
-    assert load_config(tmp_path / "run3" / "config.yaml").training.checkpoint_dir == str(tmp_path / "run3")
+    assert main(["import", "hf", "--out", "run4", "--config", "tiny_cpu"]) == 0
+    for run_dir, data in (("run3", TrainingConfig().data.data_path), ("run4", load_config("tiny_cpu").data.data_path)):
+        stored = load_config(tmp_path / run_dir / "config.yaml")           # and the data path, resolved against the cwd
+        assert (stored.training.checkpoint_dir, stored.data.data_path) == (str(tmp_path / run_dir), str(tmp_path / data))
     cfg = load_config(r2 / "config.yaml")      # the imported architecture, tiny_cpu's data and training sections
     assert cfg.model["preset"] == "tiny" and cfg.model["is_mimo"] and cfg.model["outproj_norm"]
     assert (cfg.training.lr, cfg.data.max_seq_len, cfg.training.checkpoint_dir) == (3e-3, 128, str(r2))
