@@ -536,7 +536,8 @@ def import_parser() -> argparse.ArgumentParser:
         "directory that `train`, `eval` and `generate` accept, with its config.yaml.")
     p.add_argument("source", metavar="SRC_DIR", help="model directory or hub id")
     p.add_argument("--out", required=True, metavar="RUN", help="the new run directory (its config.yaml stores it as an absolute path)")
-    p.add_argument("--config", metavar="YAML", help="take the data/training sections of config.yaml from this config")
+    p.add_argument("--config", metavar="F", help="a packaged config by name (tiny_cpu, pretrain_a100_400m) or a YAML file: "
+                   "config.yaml takes its data and training sections, the data path made absolute (default: TrainingConfig's defaults)")
     return p
 
 
