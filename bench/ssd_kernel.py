@@ -263,24 +263,22 @@ def gate(device, interp, rows, on_rows):
 
     where = "b{b} T{T} H{H} P{P} N{N} S{S}".format(**shape) + f" L{L}"
     check = lambda name, val, bound: rows.append((name, val, bound, bool(val <= bound)))
+
+    def compare(prec, ours_kw, ref_kw, ref):
+        "Ours on `ours_kw` vs `ssd_chunked` on `ref_kw`: output, final state and worst gradient, bounded by TOL[prec ...]."
+        y_t, s_t, g_t = run(ssd_triton, ours_kw, st)
+        y_r, s_r, g_r = run(ssd_chunked, ref_kw, st)
+        err, worst = max_grad_err(g_t, g_r)
+        check(f"{prec} y vs {ref} ({where})", nmax(y_t, y_r), TOL[f"{prec} y"])
+        check(f"{prec} final h vs {ref}", nmax(s_t.h, s_r.h), TOL[f"{prec} h"])
+        check(f"{prec} worst grad vs {ref} ({worst})", err, TOL[f"{prec} grad"])
+        on_rows()
+
     if not interp:   # bf16 first: the precision the model trains in (the interpreter's bf16 tl.dot is wrong)
         kw16 = {k: (v.to(torch.bfloat16) if k in ("x", "B", "C") else v) for k, v in kw.items()}
         kw32 = {k: (v.float() if torch.is_tensor(v) else v) for k, v in kw16.items()}
-        y16, s16, g16 = run(ssd_triton, kw16, st)
-        y32, s32, g32 = run(ssd_chunked, kw32, st)
-        err, worst = max_grad_err(g16, g32)
-        check(f"bf16 y vs fp32 ssd_chunked on rounded inputs ({where})", nmax(y16, y32), TOL["bf16 y"])
-        check("bf16 final h vs fp32", nmax(s16.h, s32.h), TOL["bf16 h"])
-        check(f"bf16 worst grad vs fp32 ({worst})", err, TOL["bf16 grad"])
-        del y16, s16, g16, y32, s32, g32
-        on_rows()
-    y_r, s_r, g_r = run(ssd_chunked, kw, st)
-    y_t, s_t, g_t = run(ssd_triton, kw, st)
-    err, worst = max_grad_err(g_t, g_r)
-    check(f"fp32 y vs ssd_chunked ({where})", nmax(y_t, y_r), TOL["fp32 y"])
-    check("fp32 final h vs ssd_chunked", nmax(s_t.h, s_r.h), TOL["fp32 h"])
-    check(f"fp32 worst grad vs ssd_chunked autograd ({worst})", err, TOL["fp32 grad"])
-    on_rows()
+        compare("bf16", kw16, kw32, "fp32 ssd_chunked on the rounded inputs")
+    compare("fp32", kw, kw, "ssd_chunked")
 
 
 def peer_gate(device, interp, has_fla, has_official):

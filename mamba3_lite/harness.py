@@ -235,8 +235,9 @@ def task_manager(tasks: list, include_path=None, include_defaults: bool = None):
     return TaskManager(include_path=paths, include_defaults=include_defaults is not False)
 
 def run_tasks(lm: Mamba3LM, tasks: list, limit: float = None, num_fewshot: int = None, include_path=None,
-              include_defaults: bool = None, log_samples: bool = False, seed: int = 1234, bootstrap_iters: int = 0) -> dict:
-    "lm-eval's `simple_evaluate` of `tasks` (names) on `lm`; returns its results dict."
+              include_defaults: bool = None, log_samples: bool = False, seed: int = 1234,
+              bootstrap_iters: int = 100_000) -> dict:
+    "lm-eval's `simple_evaluate` of `tasks` (names) on `lm`, with its default standard errors; returns its results dict."
     require_extra(*EVAL_EXTRA)
     from lm_eval import simple_evaluate
     if isinstance(tasks, str): tasks = [t for t in tasks.split(",") if t]
@@ -258,11 +259,12 @@ def results_table(res: dict) -> str:
     return make_table(res)
 
 def results_path(checkpoint_dir, step: int, tasks: list) -> Path:
-    "`RUN/lm_eval_step{step}_{tasks}.json`, beside the run's metrics.jsonl (a long task list is named by its hash)."
+    """`RUN/lm_eval_step{step}_{tasks}.json`, beside the run's metrics.jsonl (a long task list is named by its hash);
+    `RUN/lm_eval_{tasks}.json` for a model without a step (an exported model directory)."""
     import hashlib
     tag = "+".join(tasks)
     if len(tag) > 60 or not all(c.isalnum() or c in "+_-." for c in tag): tag = hashlib.sha1(tag.encode()).hexdigest()[:12]
-    return Path(checkpoint_dir) / f"lm_eval_step{step}_{tag}.json"
+    return Path(checkpoint_dir) / (f"lm_eval_step{step}_{tag}.json" if step is not None else f"lm_eval_{tag}.json")
 
 def write_results(res: dict, path, extra: dict = None) -> Path:
     "Write the results (without per-sample records, plus `extra` under 'mamba3_lite') as JSON, atomically; returns the path."

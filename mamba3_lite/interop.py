@@ -11,6 +11,7 @@ __all__ = ['OFFICIAL_EPS', 'MLP_MULTIPLE', 'MAMBA_CONFIG_DEFAULTS', 'MAMBA3_DEFA
 # %% ../nbs/14_interop.ipynb #f38fd8bb
 import dataclasses
 import json
+import os
 import pickle
 import warnings
 from pathlib import Path
@@ -364,7 +365,8 @@ def import_run(source, checkpoint_dir, base_config=None) -> dict:
         raise ValueError(f"{checkpoint_dir}: already holds checkpoints (steps {mgr.list_steps()}); import into a new run directory")
     model = from_pretrained(source)
     cfg = TrainingConfig() if base_config is None else load_config(base_config)
-    cfg = dataclasses.replace(cfg, model=_run_model_section(model.config),
+    cfg = dataclasses.replace(cfg, model=_run_model_section(model.config),    # data path absolute, as `train` stores it
+                              data=dataclasses.replace(cfg.data, data_path=os.path.abspath(cfg.data.data_path)),
                               training=dataclasses.replace(cfg.training, checkpoint_dir=str(checkpoint_dir)))
     plain = config_to_dict(cfg)
     mgr.save(model, None, 0, extra_meta={"config": plain, "tag": "import", "imported_from": str(source)})

@@ -162,7 +162,7 @@ def test_cli_eval_tasks_on_a_run_directory(tmp_path):
     (tmp_path / "tasks").mkdir()
     tasks = write_tasks(tmp_path / "tasks")
     r = run("eval", "--checkpoint-dir", run_dir, "--tasks", "local_qa,local_docs", "--include-path", tasks,
-            "--limit", 3, "--batch-size", 2, "--bootstrap-iters", 10)
+            "--limit", 3, "--batch-size", 2)                                   # lm-eval's default bootstrap iterations
     assert r.returncode == 0, r.stderr
     assert "local_qa" in r.stdout and "acc" in r.stdout and "bits_per_byte" in r.stdout
     written = sorted(run_dir.glob("lm_eval_step*_local_qa+local_docs.json"))
@@ -170,14 +170,15 @@ def test_cli_eval_tasks_on_a_run_directory(tmp_path):
     saved = json.loads(written[0].read_text())
     step = saved["mamba3_lite"]["step"]
     assert written[0].name == f"lm_eval_step{step}_local_qa+local_docs.json" and saved["mamba3_lite"]["limit"] == 3
-    assert isinstance(saved["results"]["local_qa"]["acc_stderr,none"], float)       # standard errors were asked for
+    assert isinstance(saved["results"]["local_qa"]["acc_stderr,none"], float)       # standard errors by default, as in lm-eval
+    assert saved["mamba3_lite"]["bootstrap_iters"] == 100_000
     # the same numbers in-process, from the same checkpoint
     lm = Mamba3LM.from_checkpoint_dir(run_dir, progress=False, batch_size=2)
     assert lm.step == step and lm.max_length == 128                           # the run's max_seq_len
     res = run_tasks(lm, ["local_qa", "local_docs"], limit=3, include_path=str(tasks))
     for task, metric in (("local_qa", "acc,none"), ("local_docs", "bits_per_byte,none")):
         assert saved["results"][task][metric] == pytest.approx(res["results"][task][metric], rel=1e-5)
-    for args, msg in ((["--checkpoint-dir", run_dir], "give --data-path"),
+    for args, msg in ((["--checkpoint-dir", run_dir], "no-data: no such directory"),     # the run's own data (missing here)
                       (["--checkpoint-dir", run_dir, "--data-path", tmp_path, "--limit", 3], "go with --tasks"),
                       (["--checkpoint-dir", run_dir, "--tasks", "local_qa,nope_m3l", "--include-path", tasks], "unknown lm-eval task(s) nope_m3l")):
         r = run("eval", *args)

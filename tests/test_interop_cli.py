@@ -1,6 +1,7 @@
 """`mamba3-lite export` / `import`: a trained run -> official model directory -> a new run that `generate`, `eval`
 and `train` accept, with the same logits. The round trip runs the console script in subprocesses; the rest calls
 the same entry point (`mamba3_lite.cli.main`) in-process, to keep the time down."""
+import json
 import os
 import subprocess
 import sys
@@ -68,9 +69,13 @@ def test_export_import_round_trip_through_the_cli(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already holds checkpoints (steps [0])" in err
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run2").iterdir()} == before
+    # an exported model directory is not a run: `export` says how to make it one
+    assert main(["export", str(tmp_path / "hf"), str(tmp_path / "hf2")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"mamba3-lite import {tmp_path / 'hf'} --out runs/NAME" in err
 
 
-def test_train_continues_an_imported_run(tmp_path, capsys):
+def test_train_continues_an_imported_run(tmp_path, capsys, monkeypatch):
     run = tiny_run(tmp_path / "run")
     assert main(["export", str(run), str(tmp_path / "hf")]) == 0
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "hf").iterdir()}
@@ -80,6 +85,12 @@ def test_train_continues_an_imported_run(tmp_path, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "hf").iterdir()} == before
     assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "run2"), "--config", "tiny_cpu"]) == 0
     r2 = tmp_path / "run2"
+    monkeypatch.chdir(tmp_path)                                            # a relative --out is stored absolute
+    assert main(["import", "hf", "--out", "run3"]) == 0
+    assert main(["import", "hf", "--out", "run4", "--config", "tiny_cpu"]) == 0
+    for run_dir, data in (("run3", TrainingConfig().data.data_path), ("run4", load_config("tiny_cpu").data.data_path)):
+        stored = load_config(tmp_path / run_dir / "config.yaml")           # and the data path, resolved against the cwd
+        assert (stored.training.checkpoint_dir, stored.data.data_path) == (str(tmp_path / run_dir), str(tmp_path / data))
     cfg = load_config(r2 / "config.yaml")      # the imported architecture, tiny_cpu's data and training sections
     assert cfg.model["preset"] == "tiny" and cfg.model["is_mimo"] and cfg.model["outproj_norm"]
     assert (cfg.training.lr, cfg.data.max_seq_len, cfg.training.checkpoint_dir) == (3e-3, 128, str(r2))
@@ -96,6 +107,28 @@ def test_train_continues_an_imported_run(tmp_path, capsys):
     assert "[resume] from checkpoint step 0" in capsys.readouterr().out
 
 
+def test_eval_and_generate_run_on_the_runs_thread_setting(tmp_path, monkeypatch):
+    "generate, eval and eval --tasks set torch's threads from the run's training.num_threads (1 here), not from auto."
+    import mamba3_lite.cli as cli_mod
+    run = tiny_run(tmp_path / "run")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")                           # what `auto` would take
+    seen = {}
+    def tasks_stub(*args):                                                # lm-eval itself is tests/test_harness.py's
+        seen["tasks"] = torch.get_num_threads()
+        return 0
+    monkeypatch.setattr(cli_mod, "eval_tasks", tasks_stub)
+    before = torch.get_num_threads()
+    try:
+        for name, argv in (("generate", ["generate", "--checkpoint-dir", str(run), "--prompt", "x", "--max-new-tokens", "1"]),
+                           ("tasks", ["eval", "--checkpoint-dir", str(run), "--tasks", "t"])):
+            torch.set_num_threads(2)
+            assert main(argv) == 0
+            seen.setdefault(name, torch.get_num_threads())
+    finally: torch.set_num_threads(before)
+    print(seen)
+    assert seen == {"generate": 1, "tasks": 1}
+
+
 def test_export_refuses_a_missing_run_in_one_line(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
@@ -104,7 +137,7 @@ def test_export_refuses_a_missing_run_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not RANKS, reason="MAMBA3_LITE_GPT2_RANKS not set (.ci/run provides the GPT-2 ranks offline)")
-def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys):
+def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys, monkeypatch):
     texts = tmp_path / "texts"
     texts.mkdir()
     for i in range(40):
@@ -117,12 +150,21 @@ def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys
     assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "run2"), "--config", str(tmp_path / "base.yaml")]) == 0
     capsys.readouterr()
     outs = {}
-    for name in ("run", "run2"):
+    for name in ("run", "run2", "hf"):           # a run, the run imported from its export, and the export read as it is
         assert main(["generate", "--checkpoint-dir", str(tmp_path / name), "--prompt", "def f(x):",
                      "--max-new-tokens", "6", "--temperature", "0"]) == 0
-        assert main(["eval", "--checkpoint-dir", str(tmp_path / name), "--data-path", str(tmp_path / "data"),
-                     "--max-batches", "2", "--batch-size", "2"]) == 0
-        gen, ev = capsys.readouterr().out.splitlines()
-        outs[name] = (gen, ev.split("|", 1)[1])                   # eval: everything after the step number
+        # a run evaluates its own data; an exported model directory names none (nor its window length)
+        data = ["--data-path", str(tmp_path / "data"), "--seq-len", "32"] if name == "hf" else []
+        assert main(["eval", "--checkpoint-dir", str(tmp_path / name), "--max-batches", "2", "--batch-size", "2", "--quiet"] + data) == 0
+        gen, ev = [l for l in capsys.readouterr().out.splitlines() if not l.startswith("[cpu]")]   # (auto threads' note)
+        outs[name] = (gen, ev.split(" | ", 1)[1].rsplit(" | saved=", 1)[0])      # eval: the numbers, not the step or file
+        assert ev.endswith(str((run if name == "run" else tmp_path / name) / "eval.jsonl"))
     print(outs)
-    assert outs["run"] == outs["run2"]  # exact: equal weights and config, the same commands
+    assert outs["run"] == outs["run2"] == outs["hf"]  # exact: equal weights and windows, the same commands
+    # the numbers were appended beside metrics.jsonl (in the model directory for an export), two more after a second eval
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)   # a terminal: the progress bar is drawn
+    assert main(["eval", "--checkpoint-dir", str(run), "--max-batches", "1", "--batch-size", "2"]) == 0
+    assert "eval: 100%" in capsys.readouterr().err
+    recs = [json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["batches"], r["data_path"]) for r in recs] == [(2, 2, str(tmp_path / "data")), (2, 1, str(tmp_path / "data"))]
+    assert json.loads((tmp_path / "hf" / "eval.jsonl").read_text())["model_dir"] == str(tmp_path / "hf")

@@ -19,6 +19,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
@@ -27,7 +28,11 @@ RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
 RUN = {
     ".venv/bin/mamba3-lite quickstart": ["--max-steps", "1", "--max-new-tokens", "8"],
     ".venv/bin/mamba3-lite prepare my_texts/ --out data/mine": ["--quiet"],
-    ".venv/bin/mamba3-lite export runs/quickstart/checkpoints hf/tiny": [],
+    ".venv/bin/mamba3-lite eval --checkpoint-dir runs/quickstart": ["--max-batches", "2"],
+    '.venv/bin/mamba3-lite generate --checkpoint-dir runs/quickstart --prompt "def main():"': ["--max-new-tokens", "4"],
+    ".venv/bin/mamba3-lite train --config runs/quickstart --max-steps 400": ["--max-steps", "2", "--set", "training.eval_batches=1"],
+    ".venv/bin/mamba3-lite export runs/quickstart hf/tiny": [],
+    ".venv/bin/mamba3-lite eval --checkpoint-dir hf/tiny --data-path runs/quickstart/data --seq-len 128": ["--max-batches", "1"],
     ".venv/bin/mamba3-lite import hf/tiny --out runs/imported --config tiny_cpu": [],
     '.venv/bin/mamba3-lite generate --checkpoint-dir runs/imported --prompt "def main():"': ["--max-new-tokens", "4"],
     ".venv/bin/mamba3-lite train --config runs/imported/config.yaml --data-path runs/quickstart/data":
@@ -135,6 +140,14 @@ def test_readme_cpu_commands_run_in_order(tmp_path):
     assert (q / "checkpoints" / "metrics.jsonl").is_file() and (q / "loss.png").is_file() and (q / "data" / "val").is_dir()
     assert (tmp_path / "hf" / "tiny" / "model.safetensors").is_file()
     assert list((tmp_path / "runs" / "imported").glob("meta_step_1.json")), "train on the imported run made no step 1"
+    # the newcomer path on runs/NAME: eval, generate and train found the run's checkpoints, config and data from it
+    (ev,) = [json.loads(l) for l in (q / "checkpoints" / "eval.jsonl").read_text().splitlines()]
+    assert (ev["step"], ev["split"], ev["batches"], Path(ev["data_path"]).resolve()) == (1, "val", 2, (q / "data").resolve()), ev
+    assert (q / "checkpoints" / "meta_step_2.json").is_file(), "train --config runs/quickstart did not continue the run"
+    (ex,) = [json.loads(l) for l in (tmp_path / "hf" / "tiny" / "eval.jsonl").read_text().splitlines()]
+    assert ex["tokens"] == 8 * 128 and 0 < ex["loss"] < 11 and "model_dir" in ex, ex   # the exported folder, read as it is
+    imported = yaml.safe_load((tmp_path / "runs" / "imported" / "config.yaml").read_text())["training"]["checkpoint_dir"]
+    assert Path(imported).is_absolute() and Path(imported).resolve() == (tmp_path / "runs" / "imported").resolve()
 
 
 def test_the_quoted_validation_coverage_is_the_quickstart_configs():
