@@ -30,10 +30,10 @@ from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
                                      full_model_state, residual_blocks, setup_distributed)
 from .evaluate import autocast_for, evaluate, lm_loss
-from .logger import TrainingLogger, peak_flops_for
+from .logger import TrainingLogger, format_eval_line, peak_flops_for, plot_metrics
 from .optim import build_optimizer, build_scheduler
 from .streams import make_streams
-from .model import Mamba3Transformer
+from .model import Mamba3Transformer, parameter_breakdown
 
 # %% auto #0
 __all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'seed_everything', 'keep_freed_memory_in_heap',
@@ -300,14 +300,16 @@ def _apply_changes(self: Pretrainer, changes: list):
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
 def validate(self: Pretrainer) -> dict:
-    "Validation loss/ppl at the current step (recorded in `self.evals` and the logger)."
+    """Validation loss/ppl at the current step over the run's fixed validation batches, with the tokens they cover
+    (`tokens`, of the split's `split_tokens`); recorded in `self.evals` and the logger."""
     r = evaluate(self.raw_model, self.val_batches(), self.autocast_dtype)
-    r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"]}
+    r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"], "tokens": r["tokens"],
+         "split_tokens": len(self.val_batches.dataset) * self.config.data.max_seq_len}
     self.evals.append(r)
     if self.logger is not None:
-        self.logger.log_eval(self.step, r["loss"], split="val")
+        self.logger.log_eval(self.step, r["loss"], split="val", tokens=r["tokens"], split_tokens=r["split_tokens"])
     else:
-        self.log(f"eval step={self.step:>7} | loss={r['loss']:.4f} | ppl={r['ppl']:.2f}")
+        self.log(format_eval_line(r))
     return r
 
 @patch
@@ -333,6 +335,24 @@ def _rollback(self: Pretrainer, streak: int):
     self.log(f"[nan-guard] {streak} consecutive non-finite steps; restoring checkpoint step {latest}")
     self.load_checkpoint(latest)
 
+# %% ../nbs/11_train.ipynb #e6aafd27
+@patch
+def banner(self: Pretrainer) -> list:
+    "The lines rank 0 prints when training starts (one line when the run is already at `max_steps`)."
+    t, env, d = self.config.training, self.env, self.config.data
+    if self.step >= t.max_steps:
+        return [f"[train] already finished: step {self.step} of training.max_steps {t.max_steps} in {self.checkpoint_dir}; "
+                "nothing to train (raise training.max_steps, e.g. --max-steps, to train further)"]
+    pb, w, left = parameter_breakdown(self.model_config), env.world_size, t.max_steps - self.step
+    name = f" ({torch.cuda.get_device_name(env.device)})" if env.device.type == "cuda" else ""
+    prec = "bf16 autocast" if self.autocast_dtype is not None else "fp32"
+    plan = f"[train] steps {self.step} -> {t.max_steps}: {left:,} step{'s' * (left != 1)}, {left * self.tokens_per_step:,} tokens"
+    if self.step: plan += f" to go (of {t.max_steps:,} steps, {t.max_steps * self.tokens_per_step:,} tokens in all)"
+    return [f"[train] {pb['total']:,} parameters ({pb['total'] - pb['embedding (tied head)']:,} non-embedding) | "
+            f"world size {w} | device {env.device}{name}, {prec}, {torch.get_num_threads()} CPU thread{'s' * (torch.get_num_threads() > 1)}",
+            f"[train] {t.micro_batch_size} micro-batch x {t.gradient_accumulation_steps} accumulation x {w} rank{'s' * (w > 1)} "
+            f"x {d.max_seq_len} tokens = {self.tokens_per_step:,} tokens per optimizer step", plan]
+
 # %% ../nbs/11_train.ipynb #8c55b97c
 @patch
 def train(self: Pretrainer) -> dict:
@@ -346,13 +366,17 @@ def train(self: Pretrainer) -> dict:
         if start is not None:
             self._resume(start)
         if self.env.is_main:
+            for line in self.banner(): self.log(line)
             self.logger = self._make_logger()
         try:
             with self.stop_request:
-                return self._loop(start is not None, t0)
+                res = self._loop(start is not None, t0)
         finally:
             if self.logger is not None:
                 self.logger.close()
+        plot = self.env.is_main and self.logger.metrics_path.exists()
+        res["loss_png"] = str(plot_metrics(self.checkpoint_dir)) if plot else None
+        return res
     finally:
         self.ckpt.lock.release()
 
@@ -402,7 +426,9 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
         self.validate()
     if last_save != self.step:
         self.save_checkpoint(tag="final")
+    trained = max(self.step - first_step, 0)                  # in this call: 0 for a run that was already finished
     return {"checkpoint_dir": str(self.checkpoint_dir), "first_step": first_step, "final_step": self.step,
+            "steps_trained": trained, "tokens_trained": trained * self.tokens_per_step,
             "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
             "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
@@ -425,7 +451,8 @@ def _stop(self: Pretrainer, last_save: int):
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
                  reset_optimizer: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
-    Returns checkpoint_dir, first/final step, first/final validation loss, every eval, tokens seen and wall time."""
+    Returns checkpoint_dir, first/final step, the steps and tokens trained by this call, first/final validation loss,
+    every eval, tokens seen (in all), wall time and the loss plot's path (`loss_png`, rank 0)."""
     if cfg.training.dry_run:
         cfg = dry_run_config(cfg)
     trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer)
