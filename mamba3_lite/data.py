@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'MANIFEST_KEYS', 'SHARD_KEYS',
-           'SPLITS', 'TOKEN_FILE_SUFFIXES', 'token_dtype_code', 'write_chunks_atomic', 'shard_bytes', 'write_shard',
-           'Shard', 'locate', 'window_naive', 'window_fast', 'check_manifest_keys', 'PretrainDataset', 'Batch',
-           'dataset_identity', 'verify_in_background', 'prepare_hint', 'prepared_root', 'WindowSampler']
+           'SPLITS', 'token_dtype_code', 'write_chunks_atomic', 'shard_bytes', 'write_shard', 'Shard', 'locate',
+           'window_naive', 'window_fast', 'check_manifest_keys', 'PretrainDataset', 'Batch', 'dataset_identity',
+           'verify_in_background', 'prepare_hint', 'prepared_root', 'WindowSampler']
 
 # %% ../nbs/06_data.ipynb #0a784d2a
 import bisect
@@ -364,17 +364,14 @@ def verify_in_background(*datasets):
 # %% ../nbs/06_data.ipynb #d4e6b8f2
 SPLITS = ("train", "val")
 
-TOKEN_FILE_SUFFIXES = (".bin", ".pt")   # the single-file token layouts `PretrainDataset` reads
-
 def prepare_hint(p: Path) -> str:
     "The command that turns raw input at `p` (a text, .jsonl or .parquet file, or a folder of them) into a prepared corpus."
     out = (p if p.name else p.resolve()).with_name(f"{(p if p.name else p.resolve()).stem}_tokens")
     return f"tokenize it first: mamba3-lite prepare {shlex.quote(str(p))} --out {shlex.quote(str(out))}, then use that --out directory"
 
 def _what_is_at(p: Path) -> str:
-    """A short description of a path that is not a prepared root: a split of one, loose shards, a split missing, or raw
-    input (a file, or a folder with neither shards nor split directories), for which it names the `prepare` command."""
-    if p.is_file(): return "a file" if p.suffix in TOKEN_FILE_SUFFIXES else f"a file, not token shards; {prepare_hint(p)}"
+    "What a path that is not a prepared root holds: a split of one, loose shards, a missing split, or raw input (+ `prepare_hint`)."
+    if p.is_file(): return "a file" if p.suffix in (".bin", ".pt") else f"a file, not token shards; {prepare_hint(p)}"  # token files: .bin/.pt
     try: split = json.loads((p / "manifest.json").read_text()).get("split")
     except (OSError, ValueError, AttributeError): split = None
     n = len(list(p.glob("shard_*.bin")))

@@ -194,24 +194,6 @@ def _flush(self: TrainingLogger, step, lr, now) -> dict:
     self._t_mark = now
     return rec
 
-@patch
-def _eta(self: TrainingLogger, step: int, now: float):
-    "Seconds left to `total_steps` at the mean rate since the first call (start-up and compilation excluded); None if unknown."
-    done = step - self._step_first
-    if not self.total_steps or self._t_first is None or done <= 0: return None
-    return max(self.total_steps - step, 0) * (now - self._t_first) / done
-
-@patch
-def log_eval(self: TrainingLogger, step: int, loss, **extra) -> dict:
-    """Record an evaluation: prints `format_eval_line` (with `tokens=`/`split_tokens=`: the tokens it covered), writes
-    a `kind: eval` record, mirrors `eval/*`."""
-    loss = float(loss)
-    rec = {"kind": "eval", "step": step, "loss": loss, "ppl": _exp(loss), **extra, "time": time.time()}
-    self._emit(format_eval_line(rec))
-    self._write(rec)
-    self._mirror({f"eval/{k}": v for k, v in rec.items() if k not in ("kind", "step", "time")}, step)
-    return rec
-
 # %% ../nbs/08_logger.ipynb #2cfc9433
 @patch
 def _emit(self: TrainingLogger, line: str):
@@ -291,6 +273,25 @@ def release(self: TrainingLogger, moved_to=None):
     truncate_metrics(self.metrics_path, self._start, moved_to)
     held, self._held = self._held, None
     for line in held: self._append(line)
+
+# %% ../nbs/08_logger.ipynb #01c943c0
+@patch
+def _eta(self: TrainingLogger, step: int, now: float):
+    "Seconds left to `total_steps` at the mean rate since the first call (start-up and compilation excluded); None if unknown."
+    done = step - self._step_first
+    if not self.total_steps or self._t_first is None or done <= 0: return None
+    return max(self.total_steps - step, 0) * (now - self._t_first) / done
+
+@patch
+def log_eval(self: TrainingLogger, step: int, loss, **extra) -> dict:
+    """Record an evaluation: prints `format_eval_line` (with `tokens=`/`split_tokens=`: the tokens it covered), writes
+    a `kind: eval` record, mirrors `eval/*`."""
+    loss = float(loss)
+    rec = {"kind": "eval", "step": step, "loss": loss, "ppl": _exp(loss), **extra, "time": time.time()}
+    self._emit(format_eval_line(rec))
+    self._write(rec)
+    self._mirror({f"eval/{k}": v for k, v in rec.items() if k not in ("kind", "step", "time")}, step)
+    return rec
 
 # %% ../nbs/08_logger.ipynb #3da6cf66
 def read_metrics(checkpoint_dir) -> list:

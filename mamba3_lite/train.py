@@ -300,16 +300,13 @@ def _apply_changes(self: Pretrainer, changes: list):
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
 def validate(self: Pretrainer) -> dict:
-    """Validation loss/ppl at the current step over the run's fixed validation batches, with the tokens they cover
-    (`tokens`, of the split's `split_tokens`); recorded in `self.evals` and the logger."""
+    "Validation loss/ppl now, with the tokens it covers (`tokens` of the split's `split_tokens`); kept in `self.evals`, logged."
     r = evaluate(self.raw_model, self.val_batches(), self.autocast_dtype)
     r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"], "tokens": r["tokens"],
          "split_tokens": len(self.val_batches.dataset) * self.config.data.max_seq_len}
     self.evals.append(r)
-    if self.logger is not None:
-        self.logger.log_eval(self.step, r["loss"], split="val", tokens=r["tokens"], split_tokens=r["split_tokens"])
-    else:
-        self.log(format_eval_line(r))
+    if self.logger is not None: self.logger.log_eval(**{k: r[k] for k in ("step", "loss", "tokens", "split_tokens")}, split="val")
+    else: self.log(format_eval_line(r))
     return r
 
 @patch
@@ -339,19 +336,17 @@ def _rollback(self: Pretrainer, streak: int):
 @patch
 def banner(self: Pretrainer) -> list:
     "The lines rank 0 prints when training starts (one line when the run is already at `max_steps`)."
-    t, env, d = self.config.training, self.env, self.config.data
+    t, dev, w, per, nt = self.config.training, self.env.device, self.env.world_size, self.tokens_per_step, torch.get_num_threads()
     if self.step >= t.max_steps:
         return [f"[train] already finished: step {self.step} of training.max_steps {t.max_steps} in {self.checkpoint_dir}; "
                 "nothing to train (raise training.max_steps, e.g. --max-steps, to train further)"]
-    pb, w, left = parameter_breakdown(self.model_config), env.world_size, t.max_steps - self.step
-    name = f" ({torch.cuda.get_device_name(env.device)})" if env.device.type == "cuda" else ""
-    prec = "bf16 autocast" if self.autocast_dtype is not None else "fp32"
-    plan = f"[train] steps {self.step} -> {t.max_steps}: {left:,} step{'s' * (left != 1)}, {left * self.tokens_per_step:,} tokens"
-    if self.step: plan += f" to go (of {t.max_steps:,} steps, {t.max_steps * self.tokens_per_step:,} tokens in all)"
-    return [f"[train] {pb['total']:,} parameters ({pb['total'] - pb['embedding (tied head)']:,} non-embedding) | "
-            f"world size {w} | device {env.device}{name}, {prec}, {torch.get_num_threads()} CPU thread{'s' * (torch.get_num_threads() > 1)}",
+    pb, left, name = parameter_breakdown(self.model_config), t.max_steps - self.step, torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
+    return [f"[train] {pb['total']:,} parameters ({pb['total'] - pb['embedding (tied head)']:,} non-embedding) | world size {w} | "
+            f"device {dev}{f' ({name})' * bool(name)}, {'fp32' if self.autocast_dtype is None else 'bf16 autocast'}, {nt} CPU thread{'s' * (nt > 1)}",
             f"[train] {t.micro_batch_size} micro-batch x {t.gradient_accumulation_steps} accumulation x {w} rank{'s' * (w > 1)} "
-            f"x {d.max_seq_len} tokens = {self.tokens_per_step:,} tokens per optimizer step", plan]
+            f"x {self.config.data.max_seq_len} tokens = {per:,} tokens per optimizer step",
+            f"[train] steps {self.step} -> {t.max_steps}: {left:,} step{'s' * (left != 1)}, {left * per:,} tokens"
+            + (f" to go (of {t.max_steps:,} steps, {t.max_steps * per:,} tokens in all)" if self.step else "")]
 
 # %% ../nbs/11_train.ipynb #8c55b97c
 @patch
@@ -374,8 +369,7 @@ def train(self: Pretrainer) -> dict:
         finally:
             if self.logger is not None:
                 self.logger.close()
-        plot = self.env.is_main and self.logger.metrics_path.exists()
-        res["loss_png"] = str(plot_metrics(self.checkpoint_dir)) if plot else None
+        res["loss_png"] = str(plot_metrics(self.checkpoint_dir)) if self.env.is_main and self.logger.metrics_path.exists() else None
         return res
     finally:
         self.ckpt.lock.release()
@@ -426,9 +420,8 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
         self.validate()
     if last_save != self.step:
         self.save_checkpoint(tag="final")
-    trained = max(self.step - first_step, 0)                  # in this call: 0 for a run that was already finished
-    return {"checkpoint_dir": str(self.checkpoint_dir), "first_step": first_step, "final_step": self.step,
-            "steps_trained": trained, "tokens_trained": trained * self.tokens_per_step,
+    return {"checkpoint_dir": str(self.checkpoint_dir), "first_step": first_step, "final_step": self.step,   # trained by this call:
+            "steps_trained": self.step - first_step, "tokens_trained": (self.step - first_step) * self.tokens_per_step,
             "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
             "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
@@ -451,8 +444,7 @@ def _stop(self: Pretrainer, last_save: int):
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
                  reset_optimizer: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
-    Returns checkpoint_dir, first/final step, the steps and tokens trained by this call, first/final validation loss,
-    every eval, tokens seen (in all), wall time and the loss plot's path (`loss_png`, rank 0)."""
+    Returns checkpoint_dir, first/final step, steps/tokens trained by this call, first/final val loss, evals, tokens seen, wall time, loss_png."""
     if cfg.training.dry_run:
         cfg = dry_run_config(cfg)
     trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer)
