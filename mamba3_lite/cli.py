@@ -645,7 +645,7 @@ def quickstart(args, log=print) -> dict:
     cfg = apply_overrides(cfg, {"data.data_path": os.path.abspath(data),          # absolute: the run is found from anywhere
                                 "training.checkpoint_dir": os.path.abspath(args.run_dir / "checkpoints")})
     summary = run_training(cfg, log=log)
-    png = plot_metrics(summary["checkpoint_dir"], args.run_dir / "loss.png")
+    png = summary["loss_png"]  # train drew it in the run directory, args.run_dir
     model, _, _ = load_trained(summary["checkpoint_dir"], log=log)
     prompt = torch.tensor([enc.encode_ordinary(args.prompt)])
     out = model.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=0.8, top_k=50,

@@ -6,7 +6,7 @@
 __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER', 'HEADER_BYTES', 'DTYPE_CODES', 'DTYPE_NAMES', 'MANIFEST_KEYS', 'SHARD_KEYS',
            'SPLITS', 'token_dtype_code', 'write_chunks_atomic', 'shard_bytes', 'write_shard', 'Shard', 'locate',
            'window_naive', 'window_fast', 'check_manifest_keys', 'PretrainDataset', 'Batch', 'dataset_identity',
-           'verify_in_background', 'prepared_root', 'WindowSampler']
+           'verify_in_background', 'prepare_hint', 'prepared_root', 'WindowSampler']
 
 # %% ../nbs/06_data.ipynb #0a784d2a
 import bisect
@@ -14,6 +14,7 @@ import hashlib
 import json
 import mmap
 import os
+import shlex
 import struct
 import sys
 import warnings
@@ -221,7 +222,7 @@ def _open(self: PretrainDataset, p: Path, full_check: bool):
     if p.is_dir():
         self.layout = "sharded"
         paths = sorted(p.glob("shard_*.bin"))
-        if not paths: raise FileNotFoundError(f"no shard_*.bin files in {p}")
+        if not paths: raise FileNotFoundError(f"no shard_*.bin files in {p}; {prepare_hint(p)}")
         if (p / "manifest.json").is_file(): self._check_manifest(p, paths, full_check)
         elif (p.parent / "train").is_dir() and (p.parent / "val").is_dir():   # a `prepare` output without its commit record
             raise ValueError(f"{p}: no manifest.json, so `mamba3-lite prepare` did not finish this split (interrupted "
@@ -363,15 +364,22 @@ def verify_in_background(*datasets):
 # %% ../nbs/06_data.ipynb #d4e6b8f2
 SPLITS = ("train", "val")
 
+def prepare_hint(p: Path) -> str:
+    "The command that turns raw input at `p` (a text, .jsonl or .parquet file, or a folder of them) into a prepared corpus."
+    out = (p if p.name else p.resolve()).with_name(f"{(p if p.name else p.resolve()).stem}_tokens")
+    return f"tokenize it first: mamba3-lite prepare {shlex.quote(str(p))} --out {shlex.quote(str(out))}, then use that --out directory"
+
 def _what_is_at(p: Path) -> str:
-    "A short description of a path that is not a prepared root: a split of one, loose shards, a file, or nothing of the kind."
-    if p.is_file(): return "a file"
+    "What a path that is not a prepared root holds: a split of one, loose shards, a missing split, or raw input (+ `prepare_hint`)."
+    if p.is_file(): return "a file" if p.suffix in (".bin", ".pt") else f"a file, not token shards; {prepare_hint(p)}"  # token files: .bin/.pt
     try: split = json.loads((p / "manifest.json").read_text()).get("split")
     except (OSError, ValueError, AttributeError): split = None
     n = len(list(p.glob("shard_*.bin")))
     if split in SPLITS: return f"the {split!r} split of one (manifest.json and {n} shard_*.bin files); pass {p.parent}"
     if n: return f"{n} shard_*.bin files but no split directories"
-    return f"no {' or '.join(s + '/' for s in SPLITS)} directory"
+    missing = [s + "/" for s in SPLITS if not (p / s).is_dir()]
+    if len(missing) < len(SPLITS): return f"no {' or '.join(missing)} directory"
+    return f"no shard_*.bin files and no {' or '.join(missing)} directory; {prepare_hint(p)}"
 
 def prepared_root(data_path, splits=SPLITS) -> Path:
     "`data_path` as a `Path` when it holds the `splits` directories `prepare` writes; else one-line `ValueError` naming what it holds."

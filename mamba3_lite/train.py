@@ -30,10 +30,10 @@ from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
                                      full_model_state, residual_blocks, setup_distributed, teardown_distributed)
 from .evaluate import autocast_for, evaluate, lm_loss
-from .logger import TrainingLogger, peak_flops_for
+from .logger import TrainingLogger, format_eval_line, peak_flops_for, plot_metrics
 from .optim import build_optimizer, build_scheduler
 from .streams import make_streams
-from .model import Mamba3Transformer
+from .model import Mamba3Transformer, parameter_breakdown
 
 # %% auto #0
 __all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'seed_everything', 'keep_freed_memory_in_heap',
@@ -300,14 +300,13 @@ def _apply_changes(self: Pretrainer, changes: list):
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
 def validate(self: Pretrainer) -> dict:
-    "Validation loss/ppl at the current step (recorded in `self.evals` and the logger)."
+    "Validation loss/ppl now, with the tokens it covers (`tokens` of the split's `split_tokens`); kept in `self.evals`, logged."
     r = evaluate(self.raw_model, self.val_batches(), self.autocast_dtype)
-    r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"]}
+    r = {"step": self.step, "loss": r["loss"], "ppl": r["ppl"], "tokens": r["tokens"],
+         "split_tokens": len(self.val_batches.dataset) * self.config.data.max_seq_len}
     self.evals.append(r)
-    if self.logger is not None:
-        self.logger.log_eval(self.step, r["loss"], split="val")
-    else:
-        self.log(f"eval step={self.step:>7} | loss={r['loss']:.4f} | ppl={r['ppl']:.2f}")
+    if self.logger is not None: self.logger.log_eval(**{k: r[k] for k in ("step", "loss", "tokens", "split_tokens")}, split="val")
+    else: self.log(format_eval_line(r))
     return r
 
 @patch
@@ -333,6 +332,22 @@ def _rollback(self: Pretrainer, streak: int):
     self.log(f"[nan-guard] {streak} consecutive non-finite steps; restoring checkpoint step {latest}")
     self.load_checkpoint(latest)
 
+# %% ../nbs/11_train.ipynb #e6aafd27
+@patch
+def banner(self: Pretrainer) -> list:
+    "The lines rank 0 prints when training starts (one line when the run is already at `max_steps`)."
+    t, dev, w, per, nt = self.config.training, self.env.device, self.env.world_size, self.tokens_per_step, torch.get_num_threads()
+    if self.step >= t.max_steps:
+        return [f"[train] already finished: step {self.step} of training.max_steps {t.max_steps} in {self.checkpoint_dir}; "
+                "nothing to train (raise training.max_steps, e.g. --max-steps, to train further)"]
+    pb, left, name = parameter_breakdown(self.model_config), t.max_steps - self.step, torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
+    return [f"[train] {pb['total']:,} parameters ({pb['total'] - pb['embedding (tied head)']:,} non-embedding) | world size {w} | "
+            f"device {dev}{f' ({name})' * bool(name)}, {'fp32' if self.autocast_dtype is None else 'bf16 autocast'}, {nt} CPU thread{'s' * (nt > 1)}",
+            f"[train] {t.micro_batch_size} micro-batch x {t.gradient_accumulation_steps} accumulation x {w} rank{'s' * (w > 1)} "
+            f"x {self.config.data.max_seq_len} tokens = {per:,} tokens per optimizer step",
+            f"[train] steps {self.step} -> {t.max_steps}: {left:,} step{'s' * (left != 1)}, {left * per:,} tokens"
+            + (f" to go (of {t.max_steps:,} steps, {t.max_steps * per:,} tokens in all)" if self.step else "")]
+
 # %% ../nbs/11_train.ipynb #8c55b97c
 @patch
 def train(self: Pretrainer) -> dict:
@@ -346,13 +361,16 @@ def train(self: Pretrainer) -> dict:
         if start is not None:
             self._resume(start)
         if self.env.is_main:
+            for line in self.banner(): self.log(line)
             self.logger = self._make_logger()
         try:
             with self.stop_request:
-                return self._loop(start is not None, t0)
+                res = self._loop(start is not None, t0)
         finally:
             if self.logger is not None:
                 self.logger.close()
+        res["loss_png"] = str(plot_metrics(self.checkpoint_dir)) if self.env.is_main and self.logger.metrics_path.exists() else None
+        return res
     finally:
         self.ckpt.lock.release()
 
@@ -402,7 +420,8 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
         self.validate()
     if last_save != self.step:
         self.save_checkpoint(tag="final")
-    return {"checkpoint_dir": str(self.checkpoint_dir), "first_step": first_step, "final_step": self.step,
+    return {"checkpoint_dir": str(self.checkpoint_dir), "first_step": first_step, "final_step": self.step,   # trained by this call:
+            "steps_trained": self.step - first_step, "tokens_trained": (self.step - first_step) * self.tokens_per_step,
             "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
             "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
@@ -425,7 +444,7 @@ def _stop(self: Pretrainer, last_save: int):
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
                  reset_optimizer: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
-    Returns checkpoint_dir, first/final step, first/final validation loss, every eval, tokens seen and wall time."""
+    Returns checkpoint_dir, first/final step, steps/tokens trained by this call, first/final val loss, evals, tokens seen, wall time, loss_png."""
     if cfg.training.dry_run:
         cfg = dry_run_config(cfg)
     trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer)

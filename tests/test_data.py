@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from mamba3_lite import tokenizer as Tok
-from mamba3_lite.cli import install_tokenizer_cli, prepare_cli
+from mamba3_lite.cli import install_tokenizer_cli, prepare_cli, train_cli
 from mamba3_lite import prepare as Prep
 from mamba3_lite.data import PretrainDataset, Shard, WindowSampler, window_naive, write_shard
 from mamba3_lite.prepare import prepare_corpus
+from mamba3_lite.testing import run_captured
 from mamba3_lite.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, TokenizerUnavailableError, install_tokenizer
 
 RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
@@ -440,6 +441,17 @@ def test_prepare_bad_inputs(tmp_path, capsys):
         assert prepare_cli([str(tmp_path / "j.jsonl"), "--out", str(tmp_path / "o"), "--quiet", *args]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("mamba3-lite prepare: error:")
+
+
+def test_train_on_raw_text_suggests_prepare(tmp_path):
+    "`train --data-path` on a text file or a folder of text: one line naming the `prepare` command that makes the corpus."
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("def f(x):\n    return x\n")
+    for raw, out in ((tmp_path / "texts", tmp_path / "texts_tokens"), (tmp_path / "texts" / "a.txt", tmp_path / "texts" / "a_tokens")):
+        rc, _, err = run_captured(train_cli, ["--config", "tiny_cpu", "--data-path", str(raw), "--checkpoint-dir", str(tmp_path / "run")])
+        assert rc == 2 and err.count("\n") == 1, err
+        assert f"mamba3-lite prepare {raw} --out {out}, then use that --out directory" in err, err
+    assert not (tmp_path / "run").exists()
 
 
 @needs_ranks

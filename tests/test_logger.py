@@ -11,11 +11,11 @@ import warnings
 import pytest
 
 from mamba3_lite.logger import (LoggerWarning, TrainingLogger, format_line, peak_flops_for, peak_memory,
-                                plot_metrics, read_metrics)
+                                plot_metrics, read_metrics, run_directory)
 
-LINE = re.compile(r"step=\s*(\d+) \| loss=(\d+\.\d{4}|nan) \| ppl=(\d+\.\d{2}|nan|inf) \| lr=(\d\.\d{2}e[+-]\d\d) \| "
-                  r"tps=([\d,]+|nan)( \| gnorm=\d+\.\d{3})? \| mfu=\d+\.\d% \| mem=\d+\.\d{2}GiB\((cuda|rss)\) \| "
-                  r"skipped=\d+")
+LINE = re.compile(r"step=\s*(\d+)(/\d+)? \| loss=(\d+\.\d{4}|nan) \| ppl=(\d+\.\d{2}|nan|inf) \| lr=(\d\.\d{2}e[+-]\d\d) \| "
+                  r"tps=([\d,]+|nan)( \| gnorm=\d+\.\d{3})?( \| mfu=\d+\.\d%)? \| mem=\d+\.\d{2}GiB\((cuda|rss)\) \| "
+                  r"skipped=\d+( \| eta=(\d+s|\d+m\d\ds|\d+h\d\dm))?")
 
 
 class Clock:
@@ -121,11 +121,40 @@ def test_peak_table_and_memory():
     assert kind == "rss" and gib > 0
 
 
-def test_mfu_zero_on_unknown_device(no_wandb, capsys):
+def test_mfu_left_out_without_a_known_peak(tmp_path, no_wandb, capsys):
+    "On the CPU (no peak FLOP/s) the line has no mfu field and the record's mfu is null, not a 0.0% measurement."
     clk = Clock()
-    lg = TrainingLogger(None, log_every=2, flops_per_token=1e9, device="cpu", progress=False, clock=clk)
+    lg = TrainingLogger(tmp_path, log_every=2, flops_per_token=1e9, device="cpu", progress=False, clock=clk)
     (r,) = run(lg, clk, [(1, 1, 2.0, 10, False, None), (1, 2, 2.0, 10, False, None)])
-    assert lg.peak_flops == 0.0 and r["mfu"] == 0.0
+    lg.close()
+    (line,) = capsys.readouterr().out.splitlines()
+    assert lg.peak_flops == 0.0 and r["mfu"] is None and "mfu" not in line and LINE.fullmatch(line), line
+    assert read_metrics(tmp_path)[0]["mfu"] is None
+
+
+def test_step_of_total_and_eta_exclude_the_first_step(no_wandb, capsys):
+    "`step N/total` and an ETA from the mean step time after the first call (a 100 s compile step must not count)."
+    clk = Clock()
+    lg = TrainingLogger(None, log_every=2, total_steps=10, progress=False, clock=clk)
+    recs = run(lg, clk, [(100.0, 1, 2.0, 10, False, None)] + [(3.0, s, 2.0, 10, False, None) for s in range(2, 11)])
+    lines = capsys.readouterr().out.splitlines()
+    assert [r["eta_s"] for r in recs] == pytest.approx([8 * 3.0, 6 * 3.0, 4 * 3.0, 2 * 3.0, 0.0])
+    assert lines[0].startswith("step=      2/10 | ") and lines[0].endswith(" | eta=24s"), lines[0]
+    assert all(LINE.fullmatch(x) for x in lines), lines
+    lg2 = TrainingLogger(None, log_every=1, progress=False, clock=clk)    # no total_steps: neither N/total nor eta
+    (r,) = run(lg2, clk, [(1.0, 1, 2.0, 10, False, None)])
+    assert r["eta_s"] is None and "/" not in capsys.readouterr().out.split("|")[0]
+
+
+def test_eval_line_names_the_tokens_it_covers(tmp_path, no_wandb, capsys):
+    with TrainingLogger(tmp_path, progress=False) as lg:
+        lg.log_eval(300, 3.9031, split="val", tokens=8192, split_tokens=65536)
+        lg.log_eval(301, 3.5, split="val", tokens=65536, split_tokens=65536)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["eval step=    300 | loss=3.9031 | ppl=49.56 | first 8,192 of 65,536 val tokens",
+                     "eval step=    301 | loss=3.5000 | ppl=33.12 | all 65,536 val tokens"], lines
+    r = read_metrics(tmp_path)[0]
+    assert (r["tokens"], r["split_tokens"]) == (8192, 65536)
 
 
 def test_metrics_jsonl_appends_across_resume(tmp_path, no_wandb, capsys):
@@ -164,6 +193,8 @@ def test_plot_metrics(tmp_path, no_wandb, capsys):
         lg.log_eval(10, 1.0)
     out = plot_metrics(tmp_path, tmp_path / "sub.png")
     assert out == tmp_path / "sub.png" and out.read_bytes()[:4] == b"\x89PNG"
+    assert plot_metrics(tmp_path) == tmp_path / "loss.png"           # default: loss.png in the run directory
+    assert run_directory(tmp_path / "checkpoints") == tmp_path and run_directory(tmp_path) == tmp_path
     with pytest.raises(FileNotFoundError):
         plot_metrics(tmp_path / "missing")
 

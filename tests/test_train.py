@@ -314,6 +314,45 @@ def test_cli_end_to_end_train_eval_generate(tmp_path):
     assert out.startswith("def f1(x):")
 
 
+def test_banner_progress_eval_tokens_and_loss_png(tmp_path, capsys):
+    "The start banner, `step N/total` lines without a CPU mfu, eval lines naming their tokens, loss.png in the run directory."
+    msgs, run = [], tmp_path / "checkpoints"
+    res = T.run_training(tiny_cfg(run, max_steps=4, log_every=2, eval_every=2), log=msgs.append)
+    n = tiny_model().num_parameters()
+    banner = [m for m in msgs if m.startswith("[train]")]
+    assert banner == [f"[train] {n:,} parameters ({n - 256 * 64:,} non-embedding) | world size 1 | device cpu, fp32, 1 CPU thread",
+                      "[train] 2 micro-batch x 2 accumulation x 1 rank x 16 tokens = 64 tokens per optimizer step",
+                      "[train] steps 0 -> 4: 4 steps, 256 tokens"], banner
+    out = capsys.readouterr().out.splitlines()
+    steps = [x for x in out if x.startswith("step=")]
+    assert [x.split(" | ")[0] for x in steps] == ["step=      2/4", "step=      4/4"] and "eta=" in steps[0], steps
+    assert not any("mfu" in x for x in steps), steps                    # no peak FLOP/s on a CPU: no mfu field
+    evals = [x for x in out if x.startswith("eval step=")]
+    assert len(evals) == 3 and all(x.endswith(" | first 32 of 4,096 val tokens") for x in evals), evals
+    rec = [r for r in read_metrics(run) if r["kind"] == "eval"][-1]
+    assert (rec["tokens"], rec["split_tokens"]) == (32, 4096)              # 1 batch x 2 windows x 16 tokens, of 256 windows
+    assert res["evals"][-1]["tokens"] == 32
+    assert (res["steps_trained"], res["tokens_trained"]) == (4, 256)
+    assert res["loss_png"] == str(tmp_path / "loss.png") and (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rerun_of_a_finished_run_says_so_in_one_line(tmp_path, capsys):
+    cfg = tiny_cfg(tmp_path / "run", max_steps=2, eval_every=2)
+    T.run_training(cfg, log=QUIET)
+    capsys.readouterr()
+    msgs = []
+    res = T.run_training(cfg, log=msgs.append)
+    train_lines = [m for m in msgs if m.startswith("[train]")]
+    assert train_lines == [f"[train] already finished: step 2 of training.max_steps 2 in {tmp_path / 'run'}; nothing to "
+                           "train (raise training.max_steps, e.g. --max-steps, to train further)"], msgs
+    assert (res["first_step"], res["final_step"], res["steps_trained"], res["tokens_trained"]) == (2, 2, 0, 0)
+    assert "step=" not in capsys.readouterr().out
+    msgs = []                                                             # raised: the banner counts what is left
+    res = T.run_training(Cfg.apply_overrides(cfg, {"training.max_steps": 3}), log=msgs.append)
+    assert "[train] steps 2 -> 3: 1 step, 64 tokens to go (of 3 steps, 192 tokens in all)" in msgs, msgs
+    assert (res["steps_trained"], res["tokens_trained"], res["tokens_seen"]) == (1, 64, 192)
+
+
 def test_keep_last_prunes_old_checkpoints(tmp_path):
     cfg = tiny_cfg(tmp_path / "run", max_steps=6, save_every=2, keep_last=2)
     T.run_training(cfg, log=QUIET)
