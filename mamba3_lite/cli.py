@@ -348,7 +348,8 @@ def train_cli(argv=None) -> int:
             return 128 + e.signum
         if int(os.environ.get("RANK", "0")) == 0:
             first, last = res["first_eval_loss"], res["final_eval_loss"]
-            print(f"done: steps {res['first_step']}->{res['final_step']} in {res['wall_time_s']:.1f}s | "
+            print(f"done: steps {res['first_step']}->{res['final_step']} ({res['steps_trained']:,} trained now, "
+                  f"{res['tokens_trained']:,} tokens) in {res['wall_time_s']:.1f}s | "
                   f"val_loss {first if first is None else round(first, 4)} -> {last if last is None else round(last, 4)} | "
                   f"checkpoint dir {res['checkpoint_dir']}")
         return 0
@@ -630,7 +631,6 @@ def quickstart(args, log=print) -> dict:
     "Run the main job described by parsed `quickstart_parser()` arguments; returns the training summary plus the sample."
     import torch
     from mamba3_lite.config import apply_overrides, build_model_config, load_config
-    from mamba3_lite.logger import plot_metrics
     from mamba3_lite.evaluate import load_trained
     from mamba3_lite.train import run_training
 
@@ -662,7 +662,8 @@ def quickstart_cli(argv=None) -> int:
         s = quickstart(args)
         first, final = s["first_eval_loss"], s["final_eval_loss"]
         print(f"\n[quickstart] validation loss {first:.3f} -> {final:.3f} (down {first - final:.2f} nats) "
-              f"in {s['final_step']} steps, {s['tokens_seen']:,} tokens, {s['total_wall_time_s'] / 60:.1f} min")
+              f"in {s['steps_trained']:,} steps, {s['tokens_trained']:,} tokens, {s['total_wall_time_s'] / 60:.1f} min"
+              + ("" if s["steps_trained"] else f" (the run was already at step {s['final_step']}: nothing trained)"))
         run = shlex.quote(str(args.run_dir))
         print(f"[quickstart] run directory {args.run_dir}: data/, checkpoints/ (metrics.jsonl), loss.png; next:\n"
               f"  mamba3-lite eval --checkpoint-dir {run}          # loss, ppl, bits per byte on the whole val split\n"
