@@ -206,10 +206,10 @@ def reset_parameters(self: Mamba3Block):
 
 # %% ../nbs/02_block.ipynb #01142911
 def _per_head(bc: torch.Tensor, bias: torch.Tensor, n_heads: int) -> torch.Tensor:
-    "(b,T,R,G,N) normalised group rows -> broadcast group to heads -> + bias (H,R,N) or None -> (b,T,H,R,N)."
-    G = bc.shape[3]
-    group_of_head = torch.arange(n_heads, device=bc.device) // (n_heads // G)
-    bc = bc[:, :, :, group_of_head, :].transpose(2, 3)
+    """(b,T,R,G,N) normalised group rows -> broadcast group to heads -> + bias (H,R,N) or None -> (b,T,H,R,N).
+    Head h reads group h // (H/G): an expanded view (no copy when G = 1), so the bias add is the only op."""
+    b, T, R, G, N = bc.shape
+    bc = bc[:, :, :, :, None].expand(b, T, R, G, n_heads // G, N).reshape(b, T, R, n_heads, N).transpose(2, 3)
     return bc if bias is None else bc + fp32(bias)
 
 
@@ -343,10 +343,11 @@ def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState, reset=None):
     if not mimo:                                  # view SISO as rank 1
         x, B, C = x.unsqueeze(2), B.unsqueeze(2), C.unsqueeze(2)
     f = torch.promote_types(x.dtype, torch.float32)
-    x, B, C = x.to(f), B.to(f), C.to(f)
-    angle, h = state.angle.to(f), state.h.to(f)
-    k_prev = (state.k if mimo else state.k.unsqueeze(2)).to(f)        # (b,H,R,N)
-    v_prev = (state.v if mimo else state.v.unsqueeze(2)).to(f)        # (b,H,R,P)
+    to_f = lambda t: t if t.dtype == f else t.to(f)                  # (no call when already f: a decode step is many small ops)
+    x, B, C = to_f(x), to_f(B), to_f(C)
+    angle, h = to_f(state.angle), to_f(state.h)
+    k_prev = to_f(state.k if mimo else state.k.unsqueeze(2))          # (b,H,R,N)
+    v_prev = to_f(state.v if mimo else state.v.unsqueeze(2))          # (b,H,R,P)
     y, (angle, h, k, x) = recurrence_step((angle, h, k_prev, v_prev), x, dt, A, lam, B, C,
                                           None if theta is None else theta.unsqueeze(1), fp32(D), reset)
     if not mimo:

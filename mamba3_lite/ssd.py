@@ -361,8 +361,8 @@ def _from_chunks(t, T):
 
 def cumulative_angle(delta, angle0, chunk_size, reset=None):
     """Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus the carry into each chunk (a cumsum of the chunk totals),
-    in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S). reset (b, T) bool restarts the sum at each document start
-    (Φ_t = δ_t there, §11)."""
+    wrapped once, in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S). reset (b, T) bool restarts the sum at each
+    document start (Φ_t = δ_t there, §11)."""
     if delta.shape[-1] == 0: return delta                                 # no angles (S = 0)
     local = _to_chunks(delta.double(), chunk_size).cumsum(3)              # (b, H, n_c, L, S)
     carried = None                                                        # does the carry reach token l? (b, H, n_c, L, 1)
@@ -373,7 +373,8 @@ def cumulative_angle(delta, angle0, chunk_size, reset=None):
         before = local.gather(3, (last - 1).clamp_min(0)[..., None].expand_as(local))
         local = local - torch.where((last > 0)[..., None], before, 0.0)   # rotation since that start
         carried = (last < 0)[..., None].double()
-    before = F.pad(local[:, :, :-1, -1].cumsum(2), (0, 0, 1, 0))          # Σ of the chunk totals before chunk c (b, H, n_c, S)
+    total = local[:, :, :, -1]                                            # each chunk's rotation (b, H, n_c, S)
+    before = total.cumsum(2) - total                                      # Σ of the chunk totals before chunk c (b, H, n_c, S)
     a0 = angle0.double()[:, :, None]
     if reset is None: carry = before + a0
     else:                                                                 # the carry restarts after the last chunk < c holding a start
@@ -382,7 +383,7 @@ def cumulative_angle(delta, angle0, chunk_size, reset=None):
         m = F.pad(m[..., :-1], (1, 0), value=-1)                          # ... < c
         since = before - before.gather(2, m.clamp_min(0)[..., None].expand_as(before))
         carry = since + torch.where((m < 0)[..., None], a0, 0.0)          # Φ_{-1} only where no start came before
-    start = wrap_angle(carry)[:, :, :, None]                              # (b, H, n_c, 1, S)
+    start = carry[:, :, :, None]                                          # (b, H, n_c, 1, S), not wrapped: one wrap below
     phi = wrap_angle((start if carried is None else carried * start) + local)
     return _from_chunks(phi, delta.shape[1]).to(delta.dtype)
 
