@@ -25,6 +25,7 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)   # we want the real compiler, not the interpreter
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -35,6 +36,7 @@ from mamba3_lite import ssd_triton as kern  # noqa: E402
 HALVES = {"fwd": ("state", "chunk"), "bwd_chunk": ("x", "bc")}   # the launches of a kernel split in two
 HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "bt_ptr", "ct_ptr", "dhs_ptr", "hs_ptr", "gb_ptr",
              "gc_ptr", "db_ptr", "dc_ptr")   # the tensors in the input / dot dtype: the rest are fp32
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG", "sxb", "sxt")
 
 
@@ -94,7 +96,7 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
     """Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row.
     `half`: "all", or for a kernel split in two launches (`HALVES`) which one; `BN`: the state tile of the kernels
     that tile the state (default: the arch's)."""
-    BN = min(BN or kern.default_config(kind, arch, N).get("BN", N), N)
+    BN = min(BN or kern.default_config(kind, arch, N, TORCH_DTYPES[dtype]).get("BN", N), N)
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     fn = getattr(kern, f"_ssd_fwd_{half}_kernel" if kind == "fwd" and half != "all" else f"_ssd_{kind}_kernel")
     BN = BN if "BN" in fn.arg_names else None
@@ -118,12 +120,13 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
                 ctas_per_sm=occupancy(arch, rep["registers"], ck.metadata.shared, warps))
 
 
-def launches(kind, arch, a):
-    """(num_warps, num_stages, BN, half) of each launch of `kind` to compile: its default config on `arch`, or the
-    sweep the arguments ask for. A kernel split in two launches gives a row per launch (`HALVES`)."""
-    d = kern.default_config(kind, arch, a.N)
+def launches(kind, arch, dtype, a):
+    """(num_warps, num_stages, BN, half) of each launch of `kind` to compile: its default config on `arch` for `dtype`
+    inputs, or the sweep the arguments ask for. A kernel split in two launches gives a row per launch (`HALVES`)."""
+    d = kern.default_config(kind, arch, a.N, TORCH_DTYPES[dtype])
     if a.autotune:
-        grid = [(c["num_warps"], c["num_stages"], c.get("BN")) for c in kern.autotune_configs(kind, arch, a.N)]
+        grid = [(c["num_warps"], c["num_stages"], c.get("BN"))
+                for c in kern.autotune_configs(kind, arch, a.N, TORCH_DTYPES[dtype])]
         split = d.get("split", False)
     elif a.default_config:
         grid, split = [(d["num_warps"], d["num_stages"], d.get("BN"))], d.get("split", False)
@@ -139,7 +142,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities (80: A100, 90: H100/H200)")
     p.add_argument("--kernels", nargs="+", default=list(kern.KERNELS), choices=list(kern.KERNELS))
-    p.add_argument("--chunk", type=int, nargs="+", default=[64])
+    p.add_argument("--chunk", type=int, nargs="+", default=[64],
+                   help="chunk sizes; fp32 compiles at the chunk ssd_triton runs it at (`kernel_chunk`: at most 16)")
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     p.add_argument("--stages", type=int, nargs="+", default=[1])
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"])
@@ -170,9 +174,9 @@ def main(argv=None):
     for arch in a.arch:
         for dtype in a.dtype:
             for bias, resets in ((bi, re) for bi in biases for re in resets_):
-                for L in a.chunk:
+                for L in dict.fromkeys(kern.kernel_chunk(c, TORCH_DTYPES[dtype]) for c in a.chunk):   # as ssd_triton runs it
                     for kind in a.kernels:
-                        for warps, stages, BN, half in launches(kind, arch, a):
+                        for warps, stages, BN, half in launches(kind, arch, dtype, a):
                             name = kind if half == "all" else f"{kind}.{half}"
                             head = (f"{name:12} {arch:4} {dtype:5} {'yes' if bias else 'no':4} "
                                     f"{'yes' if resets else 'no':3} {L:4} {warps:5} {stages:6}")

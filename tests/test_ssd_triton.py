@@ -225,7 +225,8 @@ def test_each_arch_launch_config_matches_ssd_chunked(monkeypatch, arch, resets):
     fused forward, the chunk backward in one launch over 64-column tiles (N = 128: several tiles either way). Values
     and final states without autograd, and every gradient, against `ssd_chunked`."""
     import mamba3_lite.ssd_triton as st
-    monkeypatch.setattr(st, "_launch_config", lambda kind, N=128: default_config(kind, arch, N))
+    monkeypatch.setattr(st, "_launch_config",
+                        lambda kind, N=128, dtype=torch.bfloat16: default_config(kind, arch, N, dtype))
     kw, state = ssd_case(37, 8, True, seed=arch + resets, P=16, N=128)
     sid = doc_index(2, 37, [[16, 30], [7, 8]]) if resets else None
     with torch.no_grad():
