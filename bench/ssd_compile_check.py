@@ -138,6 +138,25 @@ def launches(kind, arch, dtype, a):
     return [(w, s, bn, h) for w, s, bn in grid for h in halves]
 
 
+def markdown(rows, N):
+    """The rows as a markdown table: a row per launch, a column per (arch, dtype, chunk, bias, resets); a cell is the
+    spill store/load bytes, then registers, warps and stages."""
+    cols = list(dict.fromkeys((r["arch"], r["dtype"], r["L"], r["bias"], r["resets"]) for r in rows))
+    names = list(dict.fromkeys(r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
+                               for r in rows))
+    cell = {}
+    for r in rows:
+        name = r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
+        cell[(name, (r["arch"], r["dtype"], r["L"], r["bias"], r["resets"]))] = (
+            r["error"][:40] if "error" in r else
+            f"{r['spill_store_bytes']}/{r['spill_load_bytes']} ({r['registers']}, {r['num_warps']} w, {r['num_stages']} st)")
+    head = [f"sm_{ar}, {dt}, $L = {L}$, $N = {N}$" + ("" if bias else ", no bias") + (", restarts" if rst else "")
+            for ar, dt, L, bias, rst in cols]
+    lines = ["| launch | " + " | ".join(head) + " |", "|---" * (len(cols) + 1) + "|"]
+    lines += [f"| {n} | " + " | ".join(cell.get((n, c), "") for c in cols) + " |" for n in names]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities (80: A100, 90: H100/H200)")
@@ -162,6 +181,8 @@ def main(argv=None):
     p.add_argument("--autotune", action="store_true",
                    help="compile every config `triton.autotune` may pick for the arch (`autotune_configs`; the default "
                         "first; ignores --warps/--stages/--bn)")
+    p.add_argument("--markdown", action="store_true",
+                   help="also print the table as markdown: a row per launch, a column per arch/dtype/bias/resets")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")
     p.add_argument("--out", default=None, help="directory for ssd_compile_check.json (default: $OUT if set)")
     a = p.parse_args(argv)
@@ -196,6 +217,8 @@ def main(argv=None):
                             print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
                                   f"{r['shared_bytes'] / 1024:8.0f} {r['cp_async']:8} {r['tma']:4} {r['ctas_per_sm']:6} "
                                   f"{r['compile_s']:9.1f}", flush=True)
+    if a.markdown:
+        print(markdown(rows, a.N))
     out = a.out or os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -190,7 +190,8 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     """The interpreter never compiles the kernels; lower every kernel through Triton's NVIDIA backend + ptxas for
     sm_90a at tiny dims (fp32 and bf16, shared B/C + bias and per-head), so a compile-only error fails CI too."""
     rows = compile_table("--chunk", "16", "--P", "16", "--N", "32", "--warps", "4", "--dtype", "fp32", "bf16")
-    assert sorted({r["kernel"] for r in rows}) == sorted(KERNELS) and len(rows) == 2 * 2 * len(KERNELS)
+    # a row per launch: fp32 runs the forward as two (its state and chunk passes), bf16 as one
+    assert sorted({r["kernel"] for r in rows}) == sorted(KERNELS) and len(rows) == 2 * (2 * len(KERNELS) + 1)
     assert all(r["registers"] for r in rows), rows
 
 
@@ -332,16 +333,20 @@ print(json.dumps(out))
 def test_block_and_lm_compile_fullgraph_with_the_triton_ssd():
     """torch.compile(fullgraph=True) of a block and of a 2-layer LM with ssd_dispatch="triton" traces forward and
     backward in one graph (a graph break would raise): every SSD kernel appears once per layer in the joint graph,
-    under `triton.autotune` with its `autotune_configs` (sm_90's without a GPU, d_state 32). Tracing needs no GPU; it
+    under `triton.autotune` with its `autotune_configs` (sm_90's fp32 ones without a GPU, d_state 32). Tracing needs no GPU; it
     runs without TRITON_INTERPRET (the interpreter's kernels cannot be traced)."""
     res = subprocess.run([sys.executable, "-c", TRACE], cwd=ROOT, env=without_interpreter(), capture_output=True,
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     found = json.loads(res.stdout.strip().splitlines()[-1])
-    assert found["block"] == {f"_ssd_{k}_kernel": 1 for k in KERNELS}, found
-    assert found["lm"] == {f"_ssd_{k}_kernel": 2 for k in KERNELS}, found
+    # fp32 modules: fp32's sm_90 configs, the forward as its state and chunk passes
+    kinds = {"rotate": "rotate", "fwd_state": "fwd", "fwd_chunk": "fwd", "bwd_state": "bwd_state",
+             "bwd_chunk": "bwd_chunk", "bwd_angle": "bwd_angle"}
+    assert found["block"] == {f"_ssd_{k}_kernel": 1 for k in kinds}, found
+    assert found["lm"] == {f"_ssd_{k}_kernel": 2 for k in kinds}, found
     assert found["tuned"] == {f"_ssd_{k}_kernel": [[c["num_warps"], c["num_stages"], c.get("BN")]
-                                                   for c in autotune_configs(k, 90, 32)] for k in KERNELS}, found
+                                                   for c in autotune_configs(kind, 90, 32, torch.float32)]
+                              for k, kind in kinds.items()}, found
 
 
 def long_turning_case(T, seed=5):
