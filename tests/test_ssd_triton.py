@@ -384,7 +384,7 @@ def check_angle_carry_matches_fp64(fn):
     assert nmax(y[:, -L:], y64[:, -L:]) <= 1e-4 and nmax(st.h, st64.h) <= 1e-4 and nmax(st.k, st64.k) <= 1e-4
 
 
-def test_angle_carry_matches_fp64_over_many_wraps():
+def test_angle_carry_matches_fp64_over_many_wraps(chunks_as_given):
     check_angle_carry_matches_fp64(ssd_triton)
 
 
