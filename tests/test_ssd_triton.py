@@ -177,34 +177,55 @@ def without_interpreter():
     return env
 
 
-def compile_table(*args):
-    "Rows of `bench/ssd_compile_check.py *args` (ahead-of-time compiles, ptxas reports), asserting it exits 0."
+# The argument lists of `bench/ssd_compile_check.py` that the compile tests read, by name. A launch in more than one
+# (every default config is also an autotune config) or whose code a flag does not change compiles once.
+COMPILE_GROUPS = dict(
+    # every kernel through Triton's NVIDIA backend + ptxas for sm_90a at tiny dims, fp32 and bf16, shared B/C + bias
+    # and per-head: a compile-only error fails CI too
+    tiny=("--arch", "90", "--chunk", "16", "--P", "16", "--N", "32", "--warps", "4", "--dtype", "fp32", "bf16"),
+    # every config `triton.autotune` may pick on sm_80 and sm_90, the default first: bf16, chunk 64, P = 64, N = 128
+    # (the 434M model) and N = 64, shared B/C with per-head biases, without and with document restarts (seq_idx)
+    **{f"autotune{N}": ("--arch", "80", "90", "--autotune", "--bias", "on", "--resets", "both", "--P", "64", "--N", N)
+       for N in ("128", "64")},
+    # each launch at its default config for what the autotune rows leave out: fp32 inputs (their own configs, at their
+    # `kernel_chunk` of 16), every kernel, shared B/C with biases; the per-head interface (bias off) in bf16 and fp32
+    # for the kernels it changes (rotate, bwd_angle: the others compile to the same code); fp32's rotation at N = 64,
+    # where it runs on one warp
+    **{name: ("--arch", "80", "90", "--default-config", "--resets", "both", "--P", "64", *more) for name, more in dict(
+        fp32=("--dtype", "fp32", "--bias", "on", "--N", "128"),
+        per_head=("--dtype", "bf16", "fp32", "--bias", "off", "--kernels", "rotate", "bwd_angle", "--N", "128"),
+        fp32_rotate64=("--dtype", "fp32", "--bias", "both", "--kernels", "rotate", "--N", "64")).items()})
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{name: rows} of `bench/ssd_compile_check.py` (ahead-of-time compiles, ptxas reports) for `COMPILE_GROUPS`, in
+    one run that compiles each kernel once on 2 processes, asserting it exits 0 (no compile error)."""
     with tempfile.TemporaryDirectory() as out:
-        res = subprocess.run([sys.executable, "bench/ssd_compile_check.py", *args, "--out", out], cwd=ROOT,
-                             env=without_interpreter(), capture_output=True, text=True, timeout=900)
+        groups = Path(out) / "groups.json"
+        groups.write_text(json.dumps(list(COMPILE_GROUPS.values())))
+        res = subprocess.run([sys.executable, "bench/ssd_compile_check.py", "--groups", str(groups), "--workers", "2",
+                              "--out", out], cwd=ROOT, env=without_interpreter(), capture_output=True, text=True,
+                             timeout=900)
         assert res.returncode == 0, res.stdout + res.stderr
-        return json.loads((Path(out) / "ssd_compile_check.json").read_text())["rows"]
+        return dict(zip(COMPILE_GROUPS, json.loads((Path(out) / "ssd_compile_check.json").read_text())["groups"]))
 
 
-def test_kernels_compile_for_sm90_without_a_gpu():
-    """The interpreter never compiles the kernels; lower every kernel through Triton's NVIDIA backend + ptxas for
-    sm_90a at tiny dims (fp32 and bf16, shared B/C + bias and per-head), so a compile-only error fails CI too."""
-    rows = compile_table("--chunk", "16", "--P", "16", "--N", "32", "--warps", "4", "--dtype", "fp32", "bf16")
+def test_kernels_compile_for_sm90_without_a_gpu(compiled):
+    "The interpreter never compiles the kernels: every kernel lowers for sm_90a at tiny dims (`COMPILE_GROUPS`)."
+    rows = compiled["tiny"]
     # a row per launch: fp32 runs the forward as two (its state and chunk passes), bf16 as one
     assert sorted({r["kernel"] for r in rows}) == sorted(KERNELS) and len(rows) == 2 * (2 * len(KERNELS) + 1)
     assert all(r["registers"] for r in rows), rows
 
 
 @pytest.fixture(scope="module")
-def autotune_table():
-    """{(arch, N, kernel, resets): rows} for every config `triton.autotune` may pick on sm_80 and sm_90, the default
-    first: bf16, chunk 64, P = 64, N = 128 (the 434M model) and N = 64, shared B/C with per-head biases, without and
-    with document restarts (seq_idx: the HAS_RST variants). A kernel launched as two has a row per launch."""
+def autotune_table(compiled):
+    """{(arch, N, kernel, resets): rows} of the autotune configs (`COMPILE_GROUPS`). A kernel launched as two has a row
+    per launch."""
     table = {}
-    for N in (128, 64):
-        for r in compile_table("--arch", "80", "90", "--autotune", "--bias", "on", "--resets", "both",
-                               "--P", "64", "--N", str(N)):
-            table.setdefault((r["arch"], r["N"], r["kernel"], r["resets"]), []).append(r)
+    for r in compiled["autotune128"] + compiled["autotune64"]:
+        table.setdefault((r["arch"], r["N"], r["kernel"], r["resets"]), []).append(r)
     return table
 
 
@@ -223,16 +244,9 @@ def test_default_and_autotune_configs_do_not_spill(autotune_table, arch, N, kern
 
 
 @pytest.fixture(scope="module")
-def default_table():
-    """Rows of every launch at its default config on sm_80 and sm_90 for what the autotune table leaves out: fp32
-    inputs (their own configs, at their `kernel_chunk` of 16), every kernel, shared B/C with biases, without and with
-    restarts; the per-head interface (bias off) in bf16 and fp32 for the kernels it changes (rotate, bwd_angle: the
-    others compile to the same code); and fp32's rotation at N = 64, where it runs on one warp."""
-    common = ("--arch", "80", "90", "--default-config", "--resets", "both", "--P", "64")
-    return (compile_table(*common, "--dtype", "fp32", "--bias", "on", "--N", "128")
-            + compile_table(*common, "--dtype", "bf16", "fp32", "--bias", "off", "--kernels", "rotate", "bwd_angle",
-                            "--N", "128")
-            + compile_table(*common, "--dtype", "fp32", "--bias", "both", "--kernels", "rotate", "--N", "64"))
+def default_table(compiled):
+    "Rows of every launch at its default config that the autotune table leaves out (`COMPILE_GROUPS`)."
+    return compiled["fp32"] + compiled["per_head"] + compiled["fp32_rotate64"]
 
 
 @pytest.mark.parametrize("arch,dtype,bias", [(arch, dt, bias) for arch in (80, 90) for dt, bias in
