@@ -12,9 +12,13 @@ ssd_compile_check.json.
 
     python bench/ssd_compile_check.py --arch 80 90 --autotune --resets both --fail-on-spill   # what CI checks
     python bench/ssd_compile_check.py --arch 90 --chunk 32 64 --warps 4 8 16 --stages 1 2 --P 64 --N 64
+    python bench/ssd_compile_check.py --groups groups.json --workers 2   # several argument lists, each kernel once
 """
 import argparse
+import contextlib
+import io
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -24,7 +28,9 @@ import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)   # we want the real compiler, not the interpreter
+os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"   # Triton's compile prints its ptxas report (see `ptxas_report`)
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -35,6 +41,7 @@ from mamba3_lite import ssd_triton as kern  # noqa: E402
 HALVES = {"fwd": ("state", "chunk"), "bwd_chunk": ("x", "bc")}   # the launches of a kernel split in two
 HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "bt_ptr", "ct_ptr", "dhs_ptr", "hs_ptr", "gb_ptr",
              "gc_ptr", "db_ptr", "dc_ptr")   # the tensors in the input / dot dtype: the rest are fp32
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG", "sxb", "sxt")
 
 
@@ -63,16 +70,19 @@ def specialise(fn, dtype, consts, ints):
     return sig, consts, attrs
 
 
-def ptxas_report(ptx, arch):
-    "Registers, spill bytes and stack of the PTX, from the ptxas that ships with Triton, run with Triton's own flags."
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    out = subprocess.run([str(ptxas), "-lineinfo", "-v", "--regAllocOptLevel=2",
-                          f"--gpu-name=sm_{arch}{'a' if arch >= 90 else ''}", f.name, "-o", os.devnull],
-                         capture_output=True, text=True)
-    os.unlink(f.name)
-    text = out.stderr
+def ptxas_report(ptx, arch, log=""):
+    """Registers, spill bytes and stack of the PTX from the ptxas that ships with Triton, with Triton's own flags:
+    `log`, what Triton's compile printed when it ran that ptxas (TRITON_DUMP_PTXAS_LOG), else a run of it here (a
+    compile Triton's cache served runs no ptxas)."""
+    if "Used" not in log:
+        ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+            f.write(ptx)
+        log = subprocess.run([str(ptxas), "-lineinfo", "-v", "--regAllocOptLevel=2",
+                              f"--gpu-name=sm_{arch}{'a' if arch >= 90 else ''}", f.name, "-o", os.devnull],
+                             capture_output=True, text=True).stderr
+        os.unlink(f.name)
+    text = log
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else None
     return dict(registers=num(r"Used (\d+) registers"), spill_store_bytes=num(r"(\d+) bytes spill stores"),
                 spill_load_bytes=num(r"(\d+) bytes spill loads"), stack_bytes=num(r"(\d+) bytes stack frame"))
@@ -89,12 +99,12 @@ def occupancy(arch, registers, shared, warps):
     return min(32, 64 // warps, 65536 // (regs_per_warp * warps), by_smem)
 
 
-def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32,
-                   resets=False, BN=None, half="all"):
-    """Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row.
-    `half`: "all", or for a kernel split in two launches (`HALVES`) which one; `BN`: the state tile of the kernels
-    that tile the state (default: the arch's)."""
-    BN = min(BN or kern.default_config(kind, arch, N).get("BN", N), N)
+def lowering(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None, T=2048, H=32, S=32,
+             resets=False, BN=None, half="all"):
+    """What `triton.compile` gets for one kernel on sm_`arch` — its function, signature, constexprs, attributes and
+    options, which alone decide the compiled code — and the row's labels. `half`: "all", or for a kernel split in
+    two launches (`HALVES`) which one; `BN`: the state tile of the kernels that tile the state (default: the arch's)."""
+    BN = min(BN or kern.default_config(kind, arch, N, TORCH_DTYPES[dtype]).get("BN", N), N)
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}[dtype]
     fn = getattr(kern, f"_ssd_fwd_{half}_kernel" if kind == "fwd" and half != "all" else f"_ssd_{kind}_kernel")
     BN = BN if "BN" in fn.arg_names else None
@@ -104,26 +114,72 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg
                  STORE=True, DOT_DTYPE=dot, PREC="ieee", HG=H if bias else 1, HGP=H if bias else 1, OM_SHARED=True)
     consts = {k: v for k, v in every.items() if k in fn.arg_names}
     options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
-    t0 = time.perf_counter()
     sig, consts, attrs = specialise(fn, dtype, consts, launch_ints(T, H, S, L, P, N, bias))
-    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                        target=GPUTarget("cuda", arch, 32), options=options)
+    labels = dict(kernel=kind, half=half if kind in HALVES else None, BN=BN, arch=arch, dtype=dtype, L=L, P=P, N=N,
+                  bias=bias, resets=resets, num_warps=warps, num_stages=stages, stages=stages, maxnreg=maxnreg)
+    return fn, sig, consts, attrs, options, labels
+
+
+def lowering_key(fn, sig, consts, attrs, options, arch):
+    "Equal for two lowerings exactly when `triton.compile` builds the same kernel from them."
+    return (fn.__name__, repr(sorted(sig.items())), repr(sorted(consts.items())), repr(sorted(attrs.items())),
+            repr(sorted(options.items())), arch)
+
+
+def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, **kw):
+    """Lower one kernel through Triton's NVIDIA backend for sm_`arch` and return its ptxas report as a table row
+    (the arguments: `lowering`'s)."""
+    t0 = time.perf_counter()
+    fn, sig, consts, attrs, options, labels = lowering(kind, dtype, L, P, N, warps, stages, arch, **kw)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", arch, 32), options=options)
     ptx = ck.asm["ptx"]
-    rep = ptxas_report(ptx, arch)
-    return dict(kernel=kind, half=half if kind in HALVES else None, BN=BN,
-                arch=arch, dtype=dtype, L=L, P=P, N=N, bias=bias, resets=resets, num_warps=warps, num_stages=stages,
-                stages=stages, maxnreg=maxnreg, shared_bytes=ck.metadata.shared,
-                compile_s=round(time.perf_counter() - t0, 1), **rep,
+    rep = ptxas_report(ptx, arch, log.getvalue())
+    return dict(labels, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1), **rep,
                 cp_async=len(re.findall(r"cp\.async\.c[ag]", ptx)), tma=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
                 ctas_per_sm=occupancy(arch, rep["registers"], ck.metadata.shared, warps))
 
 
-def launches(kind, arch, a):
-    """(num_warps, num_stages, BN, half) of each launch of `kind` to compile: its default config on `arch`, or the
-    sweep the arguments ask for. A kernel split in two launches gives a row per launch (`HALVES`)."""
-    d = kern.default_config(kind, arch, a.N)
+def compile_row(job):
+    "`compile_kernel(**job)`, or on a compile error (the finding) a row with the job's labels and the error."
+    try:
+        return compile_kernel(**job)
+    except Exception as e:
+        return dict(kernel=job["kind"], half=job["half"], arch=job["arch"], dtype=job["dtype"], L=job["L"],
+                    num_warps=job["warps"], num_stages=job["stages"], bias=job["bias"], resets=job["resets"],
+                    error=f"{type(e).__name__}: {e}"[:2000])
+
+
+def compile_rows(jobs, workers=1):
+    """A row per job (`compile_kernel`'s keyword arguments), in order, compiled in `workers` processes. Jobs that
+    lower to the same kernel (`lowering_key`: e.g. a kernel whose code does not depend on the flag two jobs differ
+    in) compile once and share the row, relabelled as each job asks."""
+    keys, labels, firsts = [], [], {}
+    for job in jobs:
+        fn, sig, consts, attrs, options, lab = lowering(**job)
+        keys.append(lowering_key(fn, sig, consts, attrs, options, job["arch"]))
+        labels.append(lab)
+        firsts.setdefault(keys[-1], job)
+    todo = list(firsts.values())
+    print(f"{len(jobs)} launches lower to {len(todo)} kernels, compiled on {workers} process(es)", flush=True)
+    if workers > 1 and len(todo) > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:   # forked: torch and triton already imported
+            done = pool.map(compile_row, todo, chunksize=1)
+    else:
+        done = [compile_row(j) for j in todo]
+    by_key = dict(zip(firsts, done))
+    return [{f: lab.get(f, v) for f, v in by_key[k].items()} for k, lab in zip(keys, labels)]
+
+
+def launches(kind, arch, dtype, a):
+    """(num_warps, num_stages, BN, half) of each launch of `kind` to compile: its default config on `arch` for `dtype`
+    inputs, or the sweep the arguments ask for. A kernel split in two launches gives a row per launch (`HALVES`)."""
+    d = kern.default_config(kind, arch, a.N, TORCH_DTYPES[dtype])
     if a.autotune:
-        grid = [(c["num_warps"], c["num_stages"], c.get("BN")) for c in kern.autotune_configs(kind, arch, a.N)]
+        grid = [(c["num_warps"], c["num_stages"], c.get("BN"))
+                for c in kern.autotune_configs(kind, arch, a.N, TORCH_DTYPES[dtype])]
         split = d.get("split", False)
     elif a.default_config:
         grid, split = [(d["num_warps"], d["num_stages"], d.get("BN"))], d.get("split", False)
@@ -135,11 +191,31 @@ def launches(kind, arch, a):
     return [(w, s, bn, h) for w, s, bn in grid for h in halves]
 
 
-def main(argv=None):
+def markdown(rows, N):
+    """The rows as a markdown table: a row per launch, a column per (arch, dtype, chunk, bias, resets); a cell is the
+    spill store/load bytes, then registers, warps and stages."""
+    cols = list(dict.fromkeys((r["arch"], r["dtype"], r["L"], r["bias"], r["resets"]) for r in rows))
+    names = list(dict.fromkeys(r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
+                               for r in rows))
+    cell = {}
+    for r in rows:
+        name = r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
+        cell[(name, (r["arch"], r["dtype"], r["L"], r["bias"], r["resets"]))] = (
+            r["error"][:40] if "error" in r else
+            f"{r['spill_store_bytes']}/{r['spill_load_bytes']} ({r['registers']}, {r['num_warps']} w, {r['num_stages']} st)")
+    head = [f"sm_{ar}, {dt}, $L = {L}$, $N = {N}$" + ("" if bias else ", no bias") + (", restarts" if rst else "")
+            for ar, dt, L, bias, rst in cols]
+    lines = ["| launch | " + " | ".join(head) + " |", "|---" * (len(cols) + 1) + "|"]
+    lines += [f"| {n} | " + " | ".join(cell.get((n, c), "") for c in cols) + " |" for n in names]
+    return "\n".join(lines)
+
+
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities (80: A100, 90: H100/H200)")
     p.add_argument("--kernels", nargs="+", default=list(kern.KERNELS), choices=list(kern.KERNELS))
-    p.add_argument("--chunk", type=int, nargs="+", default=[64])
+    p.add_argument("--chunk", type=int, nargs="+", default=[64],
+                   help="chunk sizes; fp32 compiles at the chunk ssd_triton runs it at (`kernel_chunk`: at most 16)")
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     p.add_argument("--stages", type=int, nargs="+", default=[1])
     p.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"])
@@ -158,44 +234,60 @@ def main(argv=None):
     p.add_argument("--autotune", action="store_true",
                    help="compile every config `triton.autotune` may pick for the arch (`autotune_configs`; the default "
                         "first; ignores --warps/--stages/--bn)")
+    p.add_argument("--markdown", action="store_true",
+                   help="also print the table as markdown: a row per launch, a column per arch/dtype/bias/resets")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")
+    p.add_argument("--groups", default=None,
+                   help="JSON file holding a list of argument lists (the options above that choose what to compile): "
+                        "compile them all in one run, each kernel once; the json gives each group's rows")
+    p.add_argument("--workers", type=int, default=1, help="processes that compile in parallel")
     p.add_argument("--out", default=None, help="directory for ssd_compile_check.json (default: $OUT if set)")
-    a = p.parse_args(argv)
-    rows, failed = [], False
-    print(f"triton {triton.__version__}, P={a.P} N={a.N}")
-    print(f"{'kernel':12} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
-          f"{'spill st/ld B':>14} {'smem KiB':>8} {'cp.async':>8} {'tma':>4} {'CTA/SM':>6} {'compile s':>9}")
+    return p
+
+
+def jobs(a):
+    "`compile_kernel`'s keyword arguments for each launch the parsed arguments `a` ask for, in table order."
     biases = {"on": (True,), "off": (False,), "both": (False, True)}[a.bias]
     resets_ = {"on": (True,), "off": (False,), "both": (False, True)}[a.resets]
-    for arch in a.arch:
-        for dtype in a.dtype:
-            for bias, resets in ((bi, re) for bi in biases for re in resets_):
-                for L in a.chunk:
-                    for kind in a.kernels:
-                        for warps, stages, BN, half in launches(kind, arch, a):
-                            name = kind if half == "all" else f"{kind}.{half}"
-                            head = (f"{name:12} {arch:4} {dtype:5} {'yes' if bias else 'no':4} "
-                                    f"{'yes' if resets else 'no':3} {L:4} {warps:5} {stages:6}")
-                            try:
-                                r = compile_kernel(kind, dtype, L, a.P, a.N, warps, stages, arch, bias,
-                                                   resets=resets, BN=BN, half=half)
-                            except Exception as e:  # a compile error is the finding: report it and fail at the end
-                                failed = True
-                                r = dict(kernel=kind, half=half, arch=arch, dtype=dtype, L=L, num_warps=warps,
-                                         num_stages=stages, bias=bias, resets=resets, error=f"{type(e).__name__}: {e}"[:2000])
-                                print(f"{head} COMPILE ERROR {r['error'][:300]}")
-                                rows.append(r)
-                                continue
-                            rows.append(r)
-                            spills = r["spill_store_bytes"] + r["spill_load_bytes"]
-                            failed |= a.fail_on_spill and spills > 0
-                            print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
-                                  f"{r['shared_bytes'] / 1024:8.0f} {r['cp_async']:8} {r['tma']:4} {r['ctas_per_sm']:6} "
-                                  f"{r['compile_s']:9.1f}", flush=True)
+    return [dict(kind=kind, dtype=dtype, L=L, P=a.P, N=a.N, warps=warps, stages=stages, arch=arch, bias=bias,
+                 resets=resets, BN=BN, half=half)
+            for arch in a.arch for dtype in a.dtype for bias in biases for resets in resets_
+            for L in dict.fromkeys(kern.kernel_chunk(c, TORCH_DTYPES[dtype]) for c in a.chunk)   # as ssd_triton runs it
+            for kind in a.kernels for warps, stages, BN, half in launches(kind, arch, dtype, a)]
+
+
+def main(argv=None):
+    p = parser()
+    a = p.parse_args(argv)
+    groups = [p.parse_args(g) for g in json.loads(Path(a.groups).read_text())] if a.groups else [a]
+    group_jobs = [jobs(g) for g in groups]
+    rows = compile_rows([j for js in group_jobs for j in js], a.workers)
+    failed = False
+    print(f"triton {triton.__version__}, P={a.P} N={a.N}" if not a.groups else f"triton {triton.__version__}")
+    print(f"{'kernel':12} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
+          f"{'spill st/ld B':>14} {'smem KiB':>8} {'cp.async':>8} {'tma':>4} {'CTA/SM':>6} {'compile s':>9}")
+    for r in rows:
+        name = r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
+        head = (f"{name:12} {r['arch']:4} {r['dtype']:5} {'yes' if r['bias'] else 'no':4} "
+                f"{'yes' if r['resets'] else 'no':3} {r['L']:4} {r['num_warps']:5} {r['num_stages']:6}")
+        if "error" in r:   # a compile error is the finding: report it and fail at the end
+            failed = True
+            print(f"{head} COMPILE ERROR {r['error'][:300]}")
+            continue
+        spills = r["spill_store_bytes"] + r["spill_load_bytes"]
+        failed |= a.fail_on_spill and spills > 0
+        print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
+              f"{r['shared_bytes'] / 1024:8.0f} {r['cp_async']:8} {r['tma']:4} {r['ctas_per_sm']:6} "
+              f"{r['compile_s']:9.1f}", flush=True)
+    if a.markdown:
+        print(markdown(rows, a.N))
     out = a.out or os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "ssd_compile_check.json").write_text(json.dumps(dict(triton=triton.__version__, rows=rows), indent=1))
+        ends = [sum(map(len, group_jobs[:i + 1])) for i in range(len(group_jobs))]
+        (Path(out) / "ssd_compile_check.json").write_text(json.dumps(dict(
+            triton=triton.__version__, rows=rows, groups=[rows[e - len(js):e] for e, js in zip(ends, group_jobs)]),
+            indent=1))
     return 1 if failed else 0
 
 

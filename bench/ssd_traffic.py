@@ -157,7 +157,7 @@ def count(b, T, H, P=64, N=128, S=32, L=64, dtype=torch.bfloat16, arch=90, uniqu
             real_launch(kernel, kind, *a, **meta)
 
     st._launch = launch
-    st._launch_config = lambda kind, N=128: st.default_config(kind, arch, N)
+    st._launch_config = lambda kind, N=128, dtype=torch.bfloat16: st.default_config(kind, arch, N, dtype)
     st._dot_dtype = lambda d: st._TL_DTYPES[d]                 # bf16 operands, as on a GPU
     try:
         with tr.installed(), tr.torch_ops():

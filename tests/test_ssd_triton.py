@@ -18,11 +18,19 @@ from mamba3_lite.ssd_triton import KERNELS, autotune_configs, check_block_dims, 
 from mamba3_lite.testing import assert_grads_close, ssd_case, ssd_grads, ssd_run_with_grads
 
 
+@pytest.fixture
+def chunks_as_given(monkeypatch):
+    """fp32 runs the kernels at the chunk size the test gives (not at most `FP32_CHUNK`), so the interpreter checks
+    the kernels at every chunk size a bf16 launch may use."""
+    import mamba3_lite.ssd_triton as st
+    monkeypatch.setattr(st, "FP32_CHUNK", 256)
+
+
 CASES = [(T, L, init, S) for T in (1, 15, 16, 17, 50, 130) for L in (16, 32) for init in (False, True) for S in (0, 4)]
 
 
 @pytest.mark.parametrize("T,L,init,S", CASES)
-def test_outputs_states_and_every_gradient_match_ssd_chunked(T, L, init, S):
+def test_outputs_states_and_every_gradient_match_ssd_chunked(chunks_as_given, T, L, init, S):
     kw, state = ssd_case(T, S, init, seed=1000 * T + 10 * L + 2 * init + S)
     y, st, g_tri = ssd_run_with_grads(ssd_triton, kw, state, chunk_size=L)
     y_ref, st_ref, g_ref = ssd_run_with_grads(ssd_chunked, kw, state, chunk_size=L)
@@ -33,6 +41,16 @@ def test_outputs_states_and_every_gradient_match_ssd_chunked(T, L, init, S):
         if r.numel():
             assert nmax(a, r) <= 1e-4, (name, nmax(a, r))
     assert_grads_close(g_tri, g_ref, 1e-3)
+
+
+def test_fp32_runs_the_kernels_at_chunks_of_16():
+    """fp32 inputs given chunk_size=64 run the kernels at chunks of 16 (`kernel_chunk`, where their dots fit in
+    registers): the same launches as chunk_size=16, so y, the final states and every gradient are identical."""
+    kw, state = ssd_case(40, 4, True, seed=8)
+    (y64, st64, g64), (y16, st16, g16) = (ssd_run_with_grads(ssd_triton, kw, state, chunk_size=L) for L in (64, 16))
+    # exact: the same kernels on the same values
+    assert torch.equal(y64, y16) and all(torch.equal(a, r) for a, r in zip(st64, st16))
+    assert sorted(g64) == sorted(g16) and all(torch.equal(g64[k], g16[k]) for k in g16)
 
 
 def test_per_head_theta_and_per_head_A():
@@ -50,7 +68,7 @@ def test_angle_kernel_pair_blocks():
 
 
 @pytest.mark.parametrize("P,N,L", [(16, 16, 16), (32, 64, 32)])
-def test_other_block_dims(P, N, L):
+def test_other_block_dims(chunks_as_given, P, N, L):
     kw, state = ssd_case(40, min(4, N // 2), True, seed=P + N, P=P, N=N)
     y_ref, st_ref = ssd_chunked(**kw, initial_state=state, chunk_size=L)
     y, st = ssd_triton(**kw, initial_state=state, chunk_size=L)
@@ -112,7 +130,7 @@ def test_x_as_a_strided_view_gives_the_same_run():
     assert torch.equal(wide.grad[..., 8:8 + H * P].view(b, T, H, P), x_copy.grad)   # exact: the same kernels, strides aside
 
 
-def test_no_grad_inference_matches():
+def test_no_grad_inference_matches(chunks_as_given):
     kw, state = ssd_case(70, 4, True, seed=9)
     with torch.no_grad():
         y, st = ssd_triton(**kw, initial_state=state, chunk_size=32)
@@ -159,33 +177,55 @@ def without_interpreter():
     return env
 
 
-def compile_table(*args):
-    "Rows of `bench/ssd_compile_check.py *args` (ahead-of-time compiles, ptxas reports), asserting it exits 0."
+# The argument lists of `bench/ssd_compile_check.py` that the compile tests read, by name. A launch in more than one
+# (every default config is also an autotune config) or whose code a flag does not change compiles once.
+COMPILE_GROUPS = dict(
+    # every kernel through Triton's NVIDIA backend + ptxas for sm_90a at tiny dims, fp32 and bf16, shared B/C + bias
+    # and per-head: a compile-only error fails CI too
+    tiny=("--arch", "90", "--chunk", "16", "--P", "16", "--N", "32", "--warps", "4", "--dtype", "fp32", "bf16"),
+    # every config `triton.autotune` may pick on sm_80 and sm_90, the default first: bf16, chunk 64, P = 64, N = 128
+    # (the 434M model) and N = 64, shared B/C with per-head biases, without and with document restarts (seq_idx)
+    **{f"autotune{N}": ("--arch", "80", "90", "--autotune", "--bias", "on", "--resets", "both", "--P", "64", "--N", N)
+       for N in ("128", "64")},
+    # each launch at its default config for what the autotune rows leave out: fp32 inputs (their own configs, at their
+    # `kernel_chunk` of 16), every kernel, shared B/C with biases; the per-head interface (bias off) in bf16 and fp32
+    # for the kernels it changes (rotate, bwd_angle: the others compile to the same code); fp32's rotation at N = 64,
+    # where it runs on one warp
+    **{name: ("--arch", "80", "90", "--default-config", "--resets", "both", "--P", "64", *more) for name, more in dict(
+        fp32=("--dtype", "fp32", "--bias", "on", "--N", "128"),
+        per_head=("--dtype", "bf16", "fp32", "--bias", "off", "--kernels", "rotate", "bwd_angle", "--N", "128"),
+        fp32_rotate64=("--dtype", "fp32", "--bias", "both", "--kernels", "rotate", "--N", "64")).items()})
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{name: rows} of `bench/ssd_compile_check.py` (ahead-of-time compiles, ptxas reports) for `COMPILE_GROUPS`, in
+    one run that compiles each kernel once on 2 processes, asserting it exits 0 (no compile error)."""
     with tempfile.TemporaryDirectory() as out:
-        res = subprocess.run([sys.executable, "bench/ssd_compile_check.py", *args, "--out", out], cwd=ROOT,
-                             env=without_interpreter(), capture_output=True, text=True, timeout=900)
+        groups = Path(out) / "groups.json"
+        groups.write_text(json.dumps(list(COMPILE_GROUPS.values())))
+        res = subprocess.run([sys.executable, "bench/ssd_compile_check.py", "--groups", str(groups), "--workers", "2",
+                              "--out", out], cwd=ROOT, env=without_interpreter(), capture_output=True, text=True,
+                             timeout=900)
         assert res.returncode == 0, res.stdout + res.stderr
-        return json.loads((Path(out) / "ssd_compile_check.json").read_text())["rows"]
+        return dict(zip(COMPILE_GROUPS, json.loads((Path(out) / "ssd_compile_check.json").read_text())["groups"]))
 
 
-def test_kernels_compile_for_sm90_without_a_gpu():
-    """The interpreter never compiles the kernels; lower every kernel through Triton's NVIDIA backend + ptxas for
-    sm_90a at tiny dims (fp32 and bf16, shared B/C + bias and per-head), so a compile-only error fails CI too."""
-    rows = compile_table("--chunk", "16", "--P", "16", "--N", "32", "--warps", "4", "--dtype", "fp32", "bf16")
-    assert sorted({r["kernel"] for r in rows}) == sorted(KERNELS) and len(rows) == 2 * 2 * len(KERNELS)
+def test_kernels_compile_for_sm90_without_a_gpu(compiled):
+    "The interpreter never compiles the kernels: every kernel lowers for sm_90a at tiny dims (`COMPILE_GROUPS`)."
+    rows = compiled["tiny"]
+    # a row per launch: fp32 runs the forward as two (its state and chunk passes), bf16 as one
+    assert sorted({r["kernel"] for r in rows}) == sorted(KERNELS) and len(rows) == 2 * (2 * len(KERNELS) + 1)
     assert all(r["registers"] for r in rows), rows
 
 
 @pytest.fixture(scope="module")
-def autotune_table():
-    """{(arch, N, kernel, resets): rows} for every config `triton.autotune` may pick on sm_80 and sm_90, the default
-    first: bf16, chunk 64, P = 64, N = 128 (the 434M model) and N = 64, shared B/C with per-head biases, without and
-    with document restarts (seq_idx: the HAS_RST variants). A kernel launched as two has a row per launch."""
+def autotune_table(compiled):
+    """{(arch, N, kernel, resets): rows} of the autotune configs (`COMPILE_GROUPS`). A kernel launched as two has a row
+    per launch."""
     table = {}
-    for N in (128, 64):
-        for r in compile_table("--arch", "80", "90", "--autotune", "--bias", "on", "--resets", "both",
-                               "--P", "64", "--N", str(N)):
-            table.setdefault((r["arch"], r["N"], r["kernel"], r["resets"]), []).append(r)
+    for r in compiled["autotune128"] + compiled["autotune64"]:
+        table.setdefault((r["arch"], r["N"], r["kernel"], r["resets"]), []).append(r)
     return table
 
 
@@ -200,6 +240,26 @@ def test_default_and_autotune_configs_do_not_spill(autotune_table, arch, N, kern
     assert [(r["num_warps"], r["num_stages"], r["BN"], r["half"]) for r in rows] == [
         (c["num_warps"], c["num_stages"], c.get("BN"), h) for c in configs for h in halves]
     for r in rows:
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+
+
+@pytest.fixture(scope="module")
+def default_table(compiled):
+    "Rows of every launch at its default config that the autotune table leaves out (`COMPILE_GROUPS`)."
+    return compiled["fp32"] + compiled["per_head"] + compiled["fp32_rotate64"]
+
+
+@pytest.mark.parametrize("arch,dtype,bias", [(arch, dt, bias) for arch in (80, 90) for dt, bias in
+                                              (("fp32", True), ("fp32", False), ("bf16", False))])
+def test_default_configs_do_not_spill_in_fp32_or_without_bias(default_table, arch, dtype, bias):
+    rows = [r for r in default_table if (r["arch"], r["dtype"], r["bias"]) == (arch, dtype, bias)]
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    kinds = KERNELS if bias else ("rotate", "bwd_angle")
+    assert sorted({r["kernel"] for r in rows}) == sorted(kinds), rows
+    for r in rows:
+        d = default_config(r["kernel"], arch, r["N"], torch_dtype)
+        assert r["L"] == (16 if dtype == "fp32" else 64), r
+        assert (r["num_warps"], r["num_stages"], r["BN"]) == (d["num_warps"], d["num_stages"], d.get("BN")), r
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
 
 
@@ -220,12 +280,13 @@ def test_main_loops_of_the_forward_and_chunk_backward_are_pipelined(autotune_tab
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("resets", [False, True])
 def test_each_arch_launch_config_matches_ssd_chunked(monkeypatch, arch, resets):
-    """The kernels as each arch launches them, state tiles and split launches included. sm_80: the forward as a state
+    """The kernels as each arch launches them in bf16, state tiles and split launches included. sm_80: the forward as a state
     pass over 64-column tiles and a chunk pass, the chunk backward as two launches over 16-column tiles; sm_90: the
     fused forward, the chunk backward in one launch over 64-column tiles (N = 128: several tiles either way). Values
     and final states without autograd, and every gradient, against `ssd_chunked`."""
     import mamba3_lite.ssd_triton as st
-    monkeypatch.setattr(st, "_launch_config", lambda kind, N=128: default_config(kind, arch, N))
+    # bf16's configs on these fp32 inputs: fp32's own (every other test here runs sm_90's) split the forward on both
+    monkeypatch.setattr(st, "_launch_config", lambda kind, N=128, dtype=None: default_config(kind, arch, N))
     kw, state = ssd_case(37, 8, True, seed=arch + resets, P=16, N=128)
     sid = doc_index(2, 37, [[16, 30], [7, 8]]) if resets else None
     with torch.no_grad():
@@ -286,16 +347,20 @@ print(json.dumps(out))
 def test_block_and_lm_compile_fullgraph_with_the_triton_ssd():
     """torch.compile(fullgraph=True) of a block and of a 2-layer LM with ssd_dispatch="triton" traces forward and
     backward in one graph (a graph break would raise): every SSD kernel appears once per layer in the joint graph,
-    under `triton.autotune` with its `autotune_configs` (sm_90's without a GPU, d_state 32). Tracing needs no GPU; it
+    under `triton.autotune` with its `autotune_configs` (sm_90's fp32 ones without a GPU, d_state 32). Tracing needs no GPU; it
     runs without TRITON_INTERPRET (the interpreter's kernels cannot be traced)."""
     res = subprocess.run([sys.executable, "-c", TRACE], cwd=ROOT, env=without_interpreter(), capture_output=True,
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     found = json.loads(res.stdout.strip().splitlines()[-1])
-    assert found["block"] == {f"_ssd_{k}_kernel": 1 for k in KERNELS}, found
-    assert found["lm"] == {f"_ssd_{k}_kernel": 2 for k in KERNELS}, found
+    # fp32 modules: fp32's sm_90 configs, the forward as its state and chunk passes
+    kinds = {"rotate": "rotate", "fwd_state": "fwd", "fwd_chunk": "fwd", "bwd_state": "bwd_state",
+             "bwd_chunk": "bwd_chunk", "bwd_angle": "bwd_angle"}
+    assert found["block"] == {f"_ssd_{k}_kernel": 1 for k in kinds}, found
+    assert found["lm"] == {f"_ssd_{k}_kernel": 2 for k in kinds}, found
     assert found["tuned"] == {f"_ssd_{k}_kernel": [[c["num_warps"], c["num_stages"], c.get("BN")]
-                                                   for c in autotune_configs(k, 90, 32)] for k in KERNELS}, found
+                                                   for c in autotune_configs(kind, 90, 32, torch.float32)]
+                              for k, kind in kinds.items()}, found
 
 
 def long_turning_case(T, seed=5):
@@ -333,7 +398,7 @@ def check_angle_carry_matches_fp64(fn):
     assert nmax(y[:, -L:], y64[:, -L:]) <= 1e-4 and nmax(st.h, st64.h) <= 1e-4 and nmax(st.k, st64.k) <= 1e-4
 
 
-def test_angle_carry_matches_fp64_over_many_wraps():
+def test_angle_carry_matches_fp64_over_many_wraps(chunks_as_given):
     check_angle_carry_matches_fp64(ssd_triton)
 
 
