@@ -257,7 +257,7 @@ def ssd_mamba2_quotes(result):
 
 TRAIN_CPU = newest("train_cpu_2???-??-??.json")
 QUOTED_RESULTS = {TRAIN_CPU: train_cpu_quotes, newest("decode_cpu_2???-??-??.json"): decode_cpu_quotes,
-                  newest("ssd_cpu_mamba2_2???-??-??.json"): ssd_mamba2_quotes, "train_cpu_compile_2026-12-01.json": train_cpu_compile_quotes}
+                  newest("ssd_cpu_mamba2_2???-??-??.json"): ssd_mamba2_quotes, newest("train_cpu_compile_2???-??-??.json"): train_cpu_compile_quotes}
 
 
 def markdown_text(nb):
