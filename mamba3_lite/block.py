@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .ssd import SSDState, document_starts, recurrence_step, rotate_pairs, ssd_chunked, wrap_angle
+from .ssd import SSDState, const, document_starts, recurrence_step, rotate_pairs, ssd_chunked, wrap_angle
 
 # %% ../nbs/02_block.ipynb #90896b6c
 def fp32(t: torch.Tensor) -> torch.Tensor:
@@ -40,8 +40,8 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
-        v32 = fp32(v)
-        out = v32 * torch.rsqrt(v32.pow(2).mean(-1, keepdim=True) + self.eps) * fp32(self.weight)
+        v32 = fp32(v)                 # (the mean as sum / n: what `mean` runs, with n a cached 0-dim tensor)
+        out = v32 * torch.rsqrt(v32.pow(2).sum(-1, keepdim=True) / const(float(v32.shape[-1]), v32) + const(self.eps, v32)) * fp32(self.weight)
         return out.to(torch.float64 if v.dtype == torch.float64 else self.weight.dtype)
 
 # %% ../nbs/02_block.ipynb #e90b1bb8
@@ -61,7 +61,8 @@ def init_dt_bias(dt_bias: torch.Tensor, dt_min: float = 1e-3, dt_max: float = 1e
 # %% ../nbs/02_block.ipynb #f65f6bdc
 def heavy_tail(u: torch.Tensor) -> torch.Tensor:
     "f(u) = 1+u for u >= 0, 1/(1-u) for u < 0: positive, continuous, slope 1 at 0."
-    return torch.where(u >= 0, 1 + u.clamp(min=0), 1 / (1 - u.clamp(max=0)))
+    one = const(1.0, u)
+    return torch.where(u >= const(0.0, u), one + u.clamp(min=0), one / (one - u.clamp(max=0)))
 
 
 def decay_rate(a_logit: torch.Tensor, a_floor: float = 1e-4) -> torch.Tensor:

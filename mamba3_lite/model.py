@@ -318,12 +318,13 @@ def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState]
     "token_ids (b,) -> logits (b,V); `cache` is advanced in place. reset (b,) bool: rows whose token starts a document."
     _check_ids("token_ids", token_ids, 1)
     require(len(cache) == len(self.layers), "cache", f"expected {len(self.layers)} layer states, got {len(cache)}")
-    x = self.embed(token_ids)
-    x = x.to(_residual_dtype(x))
-    for layer, state in zip(self.layers, cache):
-        x, new = layer.step(x, state, reset)
-        for dst, src in zip(state, new):
-            dst.copy_(src)
+    with torch.inference_mode():   # the layers' many small ops skip view and version tracking; the cache is written in
+        x = self.embed(token_ids)  # place (allowed on normal tensors) and the logits below are a normal tensor
+        x = x.to(_residual_dtype(x))
+        for layer, state in zip(self.layers, cache):
+            x, new = layer.step(x, state, reset)
+            for dst, src in zip(state, new):
+                dst.copy_(src)
     return self.lm_head(self.norm_f(x))
 
 # %% ../nbs/03_model.ipynb #e1305415
