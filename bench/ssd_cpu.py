@@ -20,19 +20,18 @@ matmul backwards into a per-matrix loop that training never sees).
 """
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import torch
 
 import baseline
+from official import official_attr
 from mamba3_lite.config import physical_cores
 
 from mamba3_lite.ssd import ssd_chunked, ssd_naive, ssd_random_inputs
@@ -53,14 +52,11 @@ def load_minimal(root=None):
     "The official `ssd_minimal_discrete`, or one line saying why it is unavailable."
     if root: sys.path.insert(0, str(root))
     try:
-        spec = importlib.util.find_spec("mamba_ssm")   # the package's path, without running its __init__
-        if spec is None or not spec.submodule_search_locations:
+        ssd_minimal_discrete = official_attr("modules.ssd_minimal", "ssd_minimal_discrete")
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name == "mamba_ssm":
             return "mamba_ssm not found (pip install it, or pass --mamba-ssm DIR holding the mamba_ssm package)"
-        if "mamba_ssm" not in sys.modules:
-            pkg = types.ModuleType("mamba_ssm")
-            pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
-            sys.modules["mamba_ssm"] = pkg
-        from mamba_ssm.modules.ssd_minimal import ssd_minimal_discrete
+        return f"ssd_minimal_discrete unavailable: {type(e).__name__}: {e}"[:200]
     except Exception as e:
         return f"ssd_minimal_discrete unavailable: {type(e).__name__}: {e}"[:200]
     return ssd_minimal_discrete

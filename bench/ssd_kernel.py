@@ -32,14 +32,12 @@ after each timed row, and on SIGINT (`timeout -s INT`, marked `interrupted`), so
 """
 import argparse
 import datetime
-import importlib.util
 import json
 import math
 import os
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 # The interpreter must be chosen before mamba3_lite.ssd_triton (and triton) are imported.
@@ -50,6 +48,7 @@ import torch  # noqa: E402
 
 from mamba3_lite.ssd import SSDState, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state  # noqa: E402
 from mamba3_lite.ssd_triton import ssd_triton  # noqa: E402
+from official import official_attr  # noqa: E402
 
 
 # ---------------------------------------------------------------- shapes, FLOPs, bytes
@@ -169,18 +168,13 @@ def load_fla(keep):
 
 
 def load_official(keep):
-    """The official `mamba3_siso_combined` (https://github.com/state-spaces/mamba, mamba_ssm/ops/triton/mamba3/).
-    `mamba_ssm/__init__.py` imports the CUDA extensions a pure-Python wheel does not have, so the package is entered
-    through a stand-in module that has only its path; the Triton submodules import as usual beneath it."""
+    "The official `mamba3_siso_combined` (https://github.com/state-spaces/mamba, mamba_ssm/ops/triton/mamba3/), bench/official.py's way."
     try:
-        spec = importlib.util.find_spec("mamba_ssm")   # finds the package without running its __init__
-        if spec is None or not spec.submodule_search_locations:
+        mamba3_siso_combined = official_attr("ops.triton.mamba3.mamba3_siso_combined", "mamba3_siso_combined")
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name == "mamba_ssm":
             return "mamba_ssm unavailable: not installed (bench/fetch_peers.sh builds its wheel into bench/peers/)"
-        if "mamba_ssm" not in sys.modules:
-            pkg = types.ModuleType("mamba_ssm")
-            pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
-            sys.modules["mamba_ssm"] = pkg
-        from mamba_ssm.ops.triton.mamba3.mamba3_siso_combined import mamba3_siso_combined
+        return f"mamba_ssm unavailable: {type(e).__name__}: {e}"[:200]
     except Exception as e:
         return f"mamba_ssm unavailable: {type(e).__name__}: {e}"[:200]
     before, after = limit_autotune(peer_modules("mamba_ssm"), keep)

@@ -19,7 +19,8 @@ SUITE = ROOT / "bench" / "gpu_suite.sh"
 
 
 def load_bench(name):
-    "A bench/ script as a module (bench/ is not a package)."
+    "A bench/ script as a module (bench/ is not a package; on sys.path, as for `python bench/X.py`, for its helpers)."
+    if str(ROOT / "bench") not in sys.path: sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
