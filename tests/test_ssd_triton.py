@@ -50,7 +50,7 @@ def test_fp32_runs_the_kernels_at_chunks_of_16():
     (y64, st64, g64), (y16, st16, g16) = (ssd_run_with_grads(ssd_triton, kw, state, chunk_size=L) for L in (64, 16))
     # exact: the same kernels on the same values
     assert torch.equal(y64, y16) and all(torch.equal(a, r) for a, r in zip(st64, st16))
-    assert sorted(g64) == sorted(g16) and all(torch.equal(g64[k], g16[k]) for k in g16)
+    assert sorted(g64) == sorted(g16) and all(torch.equal(g64[k], g16[k]) for k in g16)   # exact: as above
 
 
 def test_per_head_theta_and_per_head_A():
