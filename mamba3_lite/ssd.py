@@ -27,7 +27,9 @@ def const(value: float, like: Tensor):
     a compiled graph (where it is folded in)."""
     if torch.compiler.is_compiling() or like.dtype not in (torch.float32, torch.float64): return value
     key = (value, like.dtype)
-    if key not in _CONSTS: _CONSTS[key] = torch.tensor(value, dtype=like.dtype)
+    if key not in _CONSTS:
+        with torch.inference_mode(False):   # a normal tensor even when first asked for in a decode step
+            _CONSTS[key] = torch.tensor(value, dtype=like.dtype)
     return _CONSTS[key]
 
 def trapezoid_coefs(dt, A, lam):

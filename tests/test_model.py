@@ -204,6 +204,20 @@ def test_greedy_generation_matches_recompute(preset, extra):
     assert torch.equal(model.generate(prompt, max_new_tokens=8, temperature=0), greedy_by_recompute(model, prompt, 8))  # exact: token ids
 
 
+def test_training_after_generate(monkeypatch):
+    "The decode step's cached constants are made outside inference mode, so a backward after a generate can save them."
+    import mamba3_lite.ssd as ssd_mod
+    monkeypatch.setattr(ssd_mod, "_CONSTS", {})               # first asked for inside generate's inference mode
+    torch.manual_seed(0)
+    model = Mamba3Transformer(ModelConfig.from_preset("tiny", n_layers=1))
+    prompt = torch.randint(0, 50257, (1, 4))
+    model.generate(prompt, 2, temperature=0)
+    model(prompt).logits.float().logsumexp(-1).mean().backward()
+    norm = torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]).norm()
+    print(f"after generate: gradient norm {norm:.3e}")
+    assert torch.isfinite(norm) and norm > 0
+
+
 def test_generate_edge_cases():
     torch.manual_seed(0)
     model = Mamba3Transformer(ModelConfig.from_preset("tiny"))
