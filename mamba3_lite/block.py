@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['SSD_DISPATCHES', 'ROTATIONS', 'DISCRETIZATIONS', 'fp32', 'RMSNorm', 'inverse_softplus', 'init_dt_bias', 'heavy_tail',
            'decay_rate', 'num_angles', 'require', 'MixerConfig', 'SSDInputs', 'Mamba3Block', 'triton_opted_in',
-           'ssd_step', 'zero_ssd_state', 'init_rope_rates', 'fixed_angles']
+           'decode_update', 'angle_rate64', 'ssd_step', 'zero_ssd_state', 'step_constants', 'rms_norm_step',
+           'init_rope_rates', 'fixed_angles']
 
 # %% ../nbs/02_block.ipynb #29914480
 import dataclasses
@@ -21,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .ssd import SSDState, const, document_starts, recurrence_step, rotate_pairs, ssd_chunked, wrap_angle
+from .ssd import SSDState, const, document_starts, rotate_pairs, ssd_chunked, trapezoid_coefs, wrap_angle
 
 # %% ../nbs/02_block.ipynb #90896b6c
 def fp32(t: torch.Tensor) -> torch.Tensor:
@@ -336,24 +337,57 @@ def forward(self: Mamba3Block, u: torch.Tensor, initial_state: Optional[SSDState
     return self._forward_impl(u, initial_state, return_state, seq_idx)
 
 # %% ../nbs/02_block.ipynb #68edacb4
+def decode_update(state: SSDState, x, alpha, beta, gamma, bc, delta, D, reset=None):
+    """One token of the recurrence on the decode step's layouts. x (b,H,P,R) the values as columns (SISO R = 1);
+    alpha, beta, gamma (b,H,1,1); bc (b,H,2R,N) the keys B (rows :R) then the queries C, unrotated (rotated here, in
+    place); delta (..., H, 1, S) fp64 angle increment, or None (no rotation); D (H,1,1); state: SSDState (SISO
+    k (b,H,N), v (b,H,P)); reset (b,) bool or None. Returns y (b,H,P,R) (D·x included) and the new SSDState."""
+    b, H, P, R = x.shape
+    f = x.dtype
+    angle, h, k_prev, v_prev = (t if t.dtype == f else t.to(f) for t in state)
+    if reset is not None:                                         # α_t = 0, no previous-token term, Φ restarts
+        angle, h, k_prev, v_prev = (t.masked_fill(reset.view(-1, *(1,) * (t.dim() - 1)), 0) for t in (angle, h, k_prev, v_prev))
+    k_prev = k_prev.view(b, H, R, -1)                             # (b,H,R,N)
+    v_prev = v_prev.view(b, H, P, 1) if R == 1 else v_prev.transpose(-1, -2)   # (b,H,P,R)
+    if delta is not None:                                         # Φ <- (Φ + δ) mod 2π, in fp64, then rounded once
+        phi = torch.remainder(angle.unsqueeze(2) + delta, const(2 * math.pi, delta)).to(f)   # (b,H,1,S)
+        S, N = phi.shape[-1], bc.shape[-1]
+        if N % 2:                                                 # odd N: no complex view of the pairs
+            bc = rotate_pairs(bc, phi)
+        else:                                                     # pairs (2j, 2j+1) as complex numbers, times e^{iφ}
+            pairs = bc.as_strided((b, H, 2 * R, S, 2), (*bc.stride()[:3], 2, 1))
+            one = const(1.0, phi) if phi.device.type == "cpu" else phi.new_ones(())   # (polar takes no CPU scalar)
+            torch.view_as_complex(pairs).mul_(torch.polar(one, phi))
+        angle = phi.squeeze(2)
+    k, q = bc[:, :, :R], bc[:, :, R:]                             # B̃_t, C̃_t (b,H,R,N)
+    if R == 1:                                                    # outer products and the read-out by broadcasting
+        h = torch.addcmul(alpha * h, beta * v_prev, k_prev).addcmul_(gamma * x, k)
+        y = torch.addcmul((h * q).sum(-1, keepdim=True), D, x)
+        return y, SSDState(angle, h, k.squeeze(2), x.squeeze(3))
+    h = alpha * h + (beta * v_prev) @ k_prev + (gamma * x) @ k   # Σ_r v_r k_rᵀ: (P×R)(R×N)
+    y = torch.addcmul(h @ q.transpose(-1, -2), D, x)              # y_r = h C̃_r (b,H,P,R)
+    return y, SSDState(angle, h, k, x.transpose(-1, -2))
+
+# %% ../nbs/02_block.ipynb #5d1e7a3c
+def angle_rate64(theta: torch.Tensor) -> torch.Tensor:
+    "ω = π tanh(θ) in fp64 (`angle_rate` before its rounding to theta's dtype): the decode step's angle increments."
+    th = torch.tanh(theta).double()
+    return th * const(math.pi, th)
+
+
 def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState, reset=None):
     """One token of the SSD recurrence. x (b,H,P) [MIMO (b,H,R,P)]; dt, A, lam (b,H); B, C (b,H,N) [MIMO (b,H,R,N)];
     theta (b,S) or None; D (H,); state: SSDState; reset (b,) bool or None: rows that start a document here restart from zero.
-    Returns y like x (includes D·x) and the new SSDState (fp32)."""
+    Returns y like x (includes D·x) and the new SSDState (fp32): `decode_update` on these inputs."""
     mimo = x.dim() == 4
-    if not mimo:                                  # view SISO as rank 1
-        x, B, C = x.unsqueeze(2), B.unsqueeze(2), C.unsqueeze(2)
     f = torch.promote_types(x.dtype, torch.float32)
-    to_f = lambda t: t if t.dtype == f else t.to(f)                  # (no call when already f: a decode step is many small ops)
-    x, B, C = to_f(x), to_f(B), to_f(C)
-    angle, h = to_f(state.angle), to_f(state.h)
-    k_prev = to_f(state.k if mimo else state.k.unsqueeze(2))          # (b,H,R,N)
-    v_prev = to_f(state.v if mimo else state.v.unsqueeze(2))          # (b,H,R,P)
-    y, (angle, h, k, x) = recurrence_step((angle, h, k_prev, v_prev), x, dt, A, lam, B, C,
-                                          None if theta is None else theta.unsqueeze(1), fp32(D), reset)
-    if not mimo:
-        y, k, x = y.squeeze(2), k.squeeze(2), x.squeeze(2)
-    return y, SSDState(angle, h, k, x)
+    cols = x.to(f).transpose(-1, -2) if mimo else x.to(f).unsqueeze(-1)          # (b,H,P,R)
+    rows = (lambda t: t) if mimo else (lambda t: t.unsqueeze(2))
+    bc = torch.cat((rows(B), rows(C)), 2).to(f)                                  # (b,H,2R,N)
+    dt, A, lam = (t[..., None, None] for t in (dt, A, lam))                      # (b,H,1,1)
+    delta = None if theta is None else dt * angle_rate64(theta)[:, None, None]   # (b,H,1,S)
+    y, state = decode_update(state, cols, *trapezoid_coefs(dt, A, lam), bc, delta, fp32(D)[:, None, None].to(f), reset)
+    return (y.transpose(-1, -2) if mimo else y.squeeze(-1)), state
 
 # %% ../nbs/02_block.ipynb #96d787da
 def zero_ssd_state(batch_size, n_heads, headdim, d_state, n_angles, rank=None, device=None) -> SSDState:
@@ -362,6 +396,64 @@ def zero_ssd_state(batch_size, n_heads, headdim, d_state, n_angles, rank=None, d
     z = lambda *s: torch.zeros(*s, device=device, dtype=torch.float32)
     return SSDState(z(batch_size, n_heads, n_angles), z(batch_size, n_heads, headdim, d_state),
                     z(batch_size, n_heads, *R, d_state), z(batch_size, n_heads, *R, headdim))
+
+# %% ../nbs/02_block.ipynb #c3f08b29
+def step_constants(owner: nn.Module, params, make):
+    """`make()`: what a decode step derives from `owner`'s `params` (transposed weight views, stacked norm weights),
+    kept on `owner` while no gradient is being recorded and made again when a parameter is replaced or changed in
+    place (its storage or its version counter moves). Made outside inference mode, so that training may use the
+    module afterwards; with gradients on it is made per call (differentiable)."""
+    if torch.is_grad_enabled():
+        return make()
+    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+    hit = owner.__dict__.get("_step_constants")
+    if hit is None or hit[0] != key:
+        with torch.inference_mode(False), torch.no_grad():
+            hit = owner.__dict__["_step_constants"] = (key, make(), [p.detach() for p in params])   # (keeps the storages)
+    return hit[1]
+
+
+def rms_norm_step(v: torch.Tensor, weight: Optional[torch.Tensor], eps: float, dim: int = -1) -> torch.Tensor:
+    "`RMSNorm`'s arithmetic over `dim` of an fp32/fp64 v, times weight (None: 1), in v's dtype: 5 ops."
+    r = torch.rsqrt(torch.add(const(eps, v), v.pow(2).sum(dim, keepdim=True), alpha=1 / v.shape[dim]))
+    return v * r if weight is None else v * r * weight
+
+
+@patch
+def step(self: RMSNorm, v: torch.Tensor) -> torch.Tensor:
+    "`forward` for the decode step: the same result in fewer ops."
+    out = rms_norm_step(fp32(v), fp32(self.weight), self.eps)
+    want = torch.float64 if v.dtype == torch.float64 else self.weight.dtype
+    return out if out.dtype == want else out.to(want)
+
+
+class _StepConstants(NamedTuple):
+    "A block's parameters in the decode step's layouts (views where they can be)."
+    offsets: tuple                  # where z, x, B, C, Δ, A, λ, θ start in a row of in_proj's output
+    w_in: torch.Tensor              # in_proj.weight.t() (d, d_in_proj)
+    w_out: torch.Tensor             # out_proj.weight.t() (d_in, d)
+    dt_bias: torch.Tensor           # (H,1,1)
+    bc_w: Optional[torch.Tensor]    # (2R,N) BC-norm weights, B's R rows then C's, or None (no BC-norm)
+    bc_bias: torch.Tensor           # (G,H/G,2R,N) per-head B, C biases (zeros without them)
+    omega: Optional[torch.Tensor]   # (S,) fp64 rates ω = π tanh θ of rotation="fixed", else None
+    D: torch.Tensor                 # (H,1,1)
+    out_w: Optional[torch.Tensor]   # (H,P,1) out-norm weight, or None
+    mimo: Optional[tuple]           # MIMO W_x, W_z, W_o as (H,P,R), or None
+
+
+@patch
+def _make_step_constants(self: Mamba3Block) -> _StepConstants:
+    H, R, G, N, P = self.n_heads, self.rank, self.ngroups, self.d_state, self.headdim
+    f = torch.promote_types(self.D.dtype, torch.float32)
+    offsets = tuple(sum(self.split_sizes[:i]) for i in range(len(self.split_sizes)))
+    col = lambda t: fp32(t).view(H, 1, 1)
+    bc_w = torch.cat((fp32(self.B_norm.weight).expand(R, N), fp32(self.C_norm.weight).expand(R, N))) if self.bc_norm else None
+    bias = (torch.cat((self.B_bias, self.C_bias), 1) if self.bc_bias else self.D.new_zeros(H, 2 * R, N)).to(f)
+    omega = math.pi * torch.tanh(self.angle_logit.double()) if self.rotation == "fixed" else None
+    out_w = None if self.out_norm is None else fp32(self.out_norm.weight).unsqueeze(-1)
+    mimo = tuple(fp32(w).transpose(1, 2) for w in (self.mimo_x, self.mimo_z, self.mimo_o)) if self.is_mimo else None
+    return _StepConstants(offsets, self.in_proj.weight.t(), self.out_proj.weight.t(), col(self.dt_bias), bc_w,
+                          bias.view(G, H // G, 2 * R, N), omega, col(self.D), out_w, mimo)
 
 # %% ../nbs/02_block.ipynb #53c6b6b5
 @patch
@@ -376,15 +468,34 @@ def step(self: Mamba3Block, u: torch.Tensor, state: SSDState, reset: Optional[to
     "One decode step: u (b,d), state -> (out (b,d), new SSDState). O(1) in the context length. reset (b,) bool: rows starting a document."
     if u.dim() != 2 or u.shape[-1] != self.d_model:
         raise ValueError(f"u: expected shape (b, {self.d_model}), got {tuple(u.shape)}")
-    inp = self.ssd_inputs(u.unsqueeze(1))
-    if self.rotation == "fixed":
-        inp, state, angle = self._fixed_rotation(inp, state, None if reset is None else reset[:, None])
-    sq = lambda t: None if t is None else t.squeeze(1)
-    y, state = ssd_step(sq(inp.x), sq(inp.dt), sq(inp.A), sq(inp.B), sq(inp.C), sq(inp.lam), sq(inp.theta),
-                        self.D, state, reset)
-    if self.rotation == "fixed":
-        state = state._replace(angle=angle)
-    return self._output(y.unsqueeze(1), inp.z).squeeze(1), state
+    c = step_constants(self, list(self.parameters()), self._make_step_constants)
+    b, (H, R, G, N, P, S) = u.shape[0], (self.n_heads, self.rank, self.ngroups, self.d_state, self.headdim, self.n_angles)
+    proj = fp32(torch.mm(u, c.w_in))                                         # (b, d_in_proj)
+    part = lambda i, shape, strides: proj.as_strided((b, *shape), (proj.stride(0), *strides), proj.storage_offset() + c.offsets[i])
+    z, x = part(0, (H, P, 1), (P, 1, 1)), part(1, (H, P, 1), (P, 1, 1))      # (b,H,P,1): columns
+    bc = part(2, (G, 1, 2 * R, N), (N, 0, G * N, 1))                         # B's then C's rows, per group (b,G,1,2R,N)
+    dt = F.softplus(part(4, (H, 1, 1), (1, 1, 1)) + c.dt_bias)               # (b,H,1,1)
+    A = decay_rate(part(5, (H, 1, 1), (1, 1, 1)), self.a_floor)
+    lam_fixed = DISCRETIZATIONS[self.discretization]
+    lam = torch.sigmoid(part(6, (H, 1, 1), (1, 1, 1))) if lam_fixed is None else const(lam_fixed, dt)
+    if c.bc_w is not None:
+        bc = torch.addcmul(c.bc_bias, rms_norm_step(bc, None, self.norm_eps), c.bc_w)   # group rows -> heads (b,G,H/G,2R,N)
+    else:
+        bc = bc + c.bc_bias
+    if self.rotation == "data" and S:
+        delta = dt * angle_rate64(part(7, (1, 1, S), (0, 0, 1)))             # (b,H,1,S) fp64
+    else:
+        delta = c.omega if S else None                                       # fixed: ω (S,); none: no rotation
+    if self.is_mimo:
+        x = x * c.mimo[0]                                                    # x ⊙ W_x (b,H,P,R)
+    y, state = decode_update(state, x, *trapezoid_coefs(dt, A, lam), bc.view(b, H, 2 * R, N), delta, c.D, reset)
+    if c.out_w is not None:                                                  # per head (and rank), over P
+        y = rms_norm_step(y, c.out_w, self.norm_eps, dim=-2)
+    y = y * F.silu(z if c.mimo is None else z * c.mimo[1])
+    if c.mimo is not None:
+        y = (y * c.mimo[2]).sum(-1)                                          # Σ_r W_o[r] ⊙ y_r (b,H,P)
+    y = y.reshape(b, self.d_inner)
+    return torch.mm(y if y.dtype == c.w_out.dtype else y.to(c.w_out.dtype), c.w_out), state
 
 # %% ../nbs/02_block.ipynb #fd78af1c
 def init_rope_rates(angle_logit: torch.Tensor, base: float = 10000.0) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .loss import chunked_lm_loss, full_lm_loss
-from .block import Mamba3Block, MixerConfig, RMSNorm, fp32, require
+from .block import Mamba3Block, MixerConfig, RMSNorm, fp32, require, step_constants
 from .ssd import SSDState, seq_idx_from_eos
 
 # %% ../nbs/03_model.ipynb #f5720069
@@ -170,9 +170,13 @@ class Mamba3Layer(nn.Module):
 
     def step(self, x, state: SSDState, reset=None):
         "One token: x (b,d) -> (x (b,d), new SSDState); reset (b,) bool: rows whose token starts a document."
-        y, state = self.mixer.step(self.norm1(x), state, reset)
-        x = x + y.to(x.dtype)
-        return x + self.mlp(self.norm2(x)).to(x.dtype), state
+        fc1, fc2 = self.mlp.fc1.weight, self.mlp.fc2.weight
+        w1, w2 = step_constants(self, (fc1, fc2), lambda: (fc1.t(), fc2.t()))   # (the same products as the Linears)
+        y, state = self.mixer.step(self.norm1.step(x), state, reset)
+        x = x + (y if y.dtype == x.dtype else y.to(x.dtype))
+        value, gate = torch.mm(self.norm2.step(x), w1).chunk(2, dim=-1)
+        y = torch.mm(value * F.silu(gate), w2)
+        return x + (y if y.dtype == x.dtype else y.to(x.dtype)), state
 
 # %% ../nbs/03_model.ipynb #b4aece5a
 class LMOutput(NamedTuple):
@@ -318,14 +322,16 @@ def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState]
     "token_ids (b,) -> logits (b,V); `cache` is advanced in place. reset (b,) bool: rows whose token starts a document."
     _check_ids("token_ids", token_ids, 1)
     require(len(cache) == len(self.layers), "cache", f"expected {len(self.layers)} layer states, got {len(cache)}")
+    w = self.embed.weight
+    head = step_constants(self, (w,), w.t)           # the tied head's product, as `lm_head`'s
     with torch.inference_mode():   # the layers' many small ops skip view and version tracking; the cache is written in
-        x = self.embed(token_ids)  # place (allowed on normal tensors) and the logits below are a normal tensor
-        x = x.to(_residual_dtype(x))
+        x = w.index_select(0, token_ids)            # place (allowed on normal tensors) and the logits below are a normal tensor
+        x = x if x.dtype == _residual_dtype(x) else x.to(_residual_dtype(x))
         for layer, state in zip(self.layers, cache):
             x, new = layer.step(x, state, reset)
             for dst, src in zip(state, new):
                 dst.copy_(src)
-    return self.lm_head(self.norm_f(x))
+    return torch.mm(self.norm_f.step(x), head)
 
 # %% ../nbs/03_model.ipynb #e1305415
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
