@@ -174,7 +174,9 @@ class Mamba3Layer(nn.Module):
         w1, w2 = step_constants(self, (fc1, fc2), lambda: (fc1.t(), fc2.t()))   # (the same products as the Linears)
         y, state = self.mixer.step(self.norm1.step(x), state, reset)
         x = x + (y if y.dtype == x.dtype else y.to(x.dtype))
-        value, gate = torch.mm(self.norm2.step(x), w1).chunk(2, dim=-1)
+        h = torch.mm(self.norm2.step(x), w1)                                   # [value | gate] (b, 2 d_ff)
+        d_ff = w2.shape[0]
+        value, gate = (h.as_strided((h.shape[0], d_ff), h.stride(), i * d_ff) for i in (0, 1))
         y = torch.mm(value * F.silu(gate), w2)
         return x + (y if y.dtype == x.dtype else y.to(x.dtype)), state
 
