@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['SSD_DISPATCHES', 'ROTATIONS', 'DISCRETIZATIONS', 'fp32', 'RMSNorm', 'inverse_softplus', 'init_dt_bias', 'heavy_tail',
            'decay_rate', 'num_angles', 'require', 'MixerConfig', 'SSDInputs', 'Mamba3Block', 'triton_opted_in',
-           'decode_update', 'angle_rate64', 'ssd_step', 'zero_ssd_state', 'step_constants', 'rms_norm_step',
-           'decay_rate_step', 'init_rope_rates', 'fixed_angles']
+           'decode_update', 'angle_rate64', 'ssd_step', 'zero_ssd_state', 'step_constants', 'clear_step_constants',
+           'rms_norm_step', 'decay_rate_step', 'init_rope_rates', 'fixed_angles']
 
 # %% ../nbs/02_block.ipynb #29914480
 import dataclasses
@@ -401,8 +401,9 @@ def zero_ssd_state(batch_size, n_heads, headdim, d_state, n_angles, rank=None, d
 def step_constants(owner: nn.Module, params, make):
     """`make()`: what a decode step derives from `owner`'s `params` (transposed weight views, stacked norm weights),
     kept on `owner` while no gradient is being recorded and made again when a parameter is replaced or changed in
-    place (its storage or its version counter moves). Made outside inference mode, so that training may use the
-    module afterwards; with gradients on it is made per call (differentiable)."""
+    place (its storage or its version counter moves; an edit through `.data` moves neither: `clear_step_constants`).
+    Made outside inference mode, so that training may use the module afterwards; with gradients on it is made per
+    call (differentiable)."""
     if torch.is_grad_enabled():
         return make()
     key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
@@ -411,6 +412,12 @@ def step_constants(owner: nn.Module, params, make):
         with torch.inference_mode(False), torch.no_grad():
             hit = owner.__dict__["_step_constants"] = (key, make(), [p.detach() for p in params])   # (keeps the storages)
     return hit[1]
+
+
+def clear_step_constants(module: nn.Module):
+    "Drop the step constants kept on `module` and its submodules (and the old weights they may keep alive)."
+    for m in module.modules():
+        m.__dict__.pop("_step_constants", None)
 
 
 def rms_norm_step(v: torch.Tensor, weight: Optional[torch.Tensor], eps: float, dim: int = -1) -> torch.Tensor:

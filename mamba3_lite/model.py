@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .loss import chunked_lm_loss, full_lm_loss
-from .block import Mamba3Block, MixerConfig, RMSNorm, fp32, require, step_constants
+from .block import Mamba3Block, MixerConfig, RMSNorm, fp32, require, step_constants, clear_step_constants
 from .ssd import SSDState, seq_idx_from_eos
 
 # %% ../nbs/03_model.ipynb #f5720069
@@ -358,7 +358,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
-
+# %% ../nbs/03_model.ipynb #9f2d6b40
 @patch
 @torch.no_grad()
 def generate(self: Mamba3Transformer, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -374,6 +374,7 @@ def generate(self: Mamba3Transformer, input_ids: torch.Tensor, max_new_tokens: i
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
     was_training = self.training
     self.eval()
+    clear_step_constants(self)                # the step's constants: made once for this call, from the current weights
     try:
         out = [input_ids.long()]
         if max_new_tokens == 0:
@@ -395,4 +396,5 @@ def generate(self: Mamba3Transformer, input_ids: torch.Tensor, max_new_tokens: i
                 prev = nxt
         return torch.cat(out, dim=1)          # made outside: an ordinary tensor, not an inference tensor
     finally:
+        clear_step_constants(self)            # (they would keep the weights alive past a later `.to()`)
         self.train(was_training)
