@@ -12,13 +12,16 @@ every time reported is the best round (as `timeit` does): the uncontended cost, 
 `--baseline REV` adds part 3: `generate` (greedy, `--new-tokens` after a 16-token prompt) of this tree against the
 package as it was at git revision REV (`git archive`d into a temporary directory and imported under another name),
 the same weights in both, in interleaved rounds: median tokens/s in process CPU time (steady on a shared machine),
-their ratio, and the aten ops one `step` runs per token (torch.profiler, every op counted, nested ones included).
+their ratio, and the aten ops one `step` runs per token (torch.profiler, every op counted, nested ones included);
+`--op-table K` also prints the K most frequent of those ops for each tree.
 
     python bench/decode_cpu.py
     python bench/decode_cpu.py --contexts 128 4096 --steps 32 --rounds 5 --threads 1
     python bench/decode_cpu.py --baseline HEAD~3 --rounds 15
+    python bench/decode_cpu.py --baseline 2b4a725 --skip-parts-1-2 --rounds 11 --op-table 15
 """
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -45,11 +48,11 @@ def time_steps(model, cache, token, n):
 
 
 def ops_per_token(model, token, cache):
-    "aten ops (every one, nested included) of one `step`."
+    "aten ops (every one, nested included) of one `step`, counted by name."
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         model.step(token, cache)
-    return sum(e.name.startswith("aten::") for e in prof.events())
+    return collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
 
 
 def versus_baseline(a, cfg, model):
@@ -62,11 +65,12 @@ def versus_baseline(a, cfg, model):
         models = {"this tree": model, f"@{a.baseline}": base}
         outs = {k: m.generate(prompt, a.new_tokens, temperature=0) for k, m in models.items()}   # warm-up
         same = torch.equal(*outs.values())
-        ops = {}
+        tables = {}
         for k, m in models.items():
             logits, cache = m.prefill(prompt)
             m.step(logits.argmax(-1), cache)
-            ops[k] = ops_per_token(m, logits.argmax(-1), cache)
+            tables[k] = ops_per_token(m, logits.argmax(-1), cache)
+        ops = {k: sum(t.values()) for k, t in tables.items()}
         times = {k: [] for k in models}
         for _ in range(a.rounds):
             for k, m in models.items():
@@ -81,6 +85,12 @@ def versus_baseline(a, cfg, model):
         lo, hi = (a.batch * a.new_tokens / max(times[k]), a.batch * a.new_tokens / min(times[k]))
         print(f"{k:>16} {tps[k]:>10.1f} {f'[{lo:.0f}-{hi:.0f}]':>16} {ops[k]:>9}")
     k0, k1 = models
+    if a.op_table:
+        print(f"\nthe {a.op_table} most frequent aten ops of one step")
+        rows = [[f"{n:>6} {name}" for name, n in tables[k].most_common(a.op_table)] for k in models]
+        print(f"{k0:>38} | {k1}")
+        for r0, r1 in zip(*(r + [""] * (a.op_table - len(r)) for r in rows)):
+            print(f"{r0:>38} | {r1}")
     print(f"speed-up: {tps[k0] / tps[k1]:.2f}x tokens/s, ops per step {ops[k1]} -> {ops[k0]} "
           f"({ops[k0] / ops[k1]:.2f}x); same tokens: {same}")
     if a.json:
@@ -89,8 +99,8 @@ def versus_baseline(a, cfg, model):
             "batch": a.batch, "threads": torch.get_num_threads(), "new_tokens": a.new_tokens, "rounds": a.rounds,
             "clock": "process CPU time", "load_average_1min": os.getloadavg()[0], "physical_cores": physical_cores(),
             "torch": torch.__version__, "same_tokens": same,
-            "rows": {k: {"tokens_per_s_median": tps[k], "cpu_s_per_round": times[k], "aten_ops_per_step": ops[k]}
-                     for k in models},
+            "rows": {k: {"tokens_per_s_median": tps[k], "cpu_s_per_round": times[k], "aten_ops_per_step": ops[k],
+                         "aten_ops_by_name": dict(tables[k].most_common())} for k in models},
             "speedup_tokens_per_s": tps[k0] / tps[k1], "ops_ratio": ops[k0] / ops[k1]}, indent=1))
 
 
@@ -107,6 +117,7 @@ def main(argv=None):
     p.add_argument("--baseline", default=None, metavar="REV", help="part 3: generate vs the package at git revision REV")
     p.add_argument("--new-tokens", type=int, default=64, help="part 3: tokens generated per round")
     p.add_argument("--skip-parts-1-2", action="store_true", help="with --baseline: run part 3 only")
+    p.add_argument("--op-table", type=int, default=0, metavar="K", help="with --baseline: print the K most frequent ops per tree")
     p.add_argument("--json", default=None, metavar="PATH", help="with --baseline: write part 3 to PATH")
     a = p.parse_args(argv)
     torch.set_flush_denormal(True)
