@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['SSD_DISPATCHES', 'ROTATIONS', 'DISCRETIZATIONS', 'fp32', 'RMSNorm', 'inverse_softplus', 'init_dt_bias', 'heavy_tail',
            'decay_rate', 'num_angles', 'require', 'MixerConfig', 'SSDInputs', 'Mamba3Block', 'triton_opted_in',
-           'decode_update', 'angle_rate64', 'ssd_step', 'zero_ssd_state', 'step_constants', 'clear_step_constants',
+           'decode_update', 'angle_increment64', 'ssd_step', 'zero_ssd_state', 'step_constants', 'clear_step_constants',
            'rms_norm_step', 'decay_rate_step', 'init_rope_rates', 'fixed_angles']
 
 # %% ../nbs/02_block.ipynb #29914480
@@ -349,30 +349,32 @@ def decode_update(state: SSDState, x, alpha, beta, gamma, bc, delta, D, reset=No
         angle, h, k_prev, v_prev = (t.masked_fill(reset.view(-1, *(1,) * (t.dim() - 1)), 0) for t in (angle, h, k_prev, v_prev))
     k_prev = k_prev.view(b, H, R, -1)                             # (b,H,R,N)
     v_prev = v_prev.view(b, H, P, 1) if R == 1 else v_prev.transpose(-1, -2)   # (b,H,P,R)
+    N = bc.shape[-1]
     if delta is not None:                                         # Φ <- (Φ + δ) mod 2π, in fp64, then rounded once
-        phi = torch.remainder(angle.unsqueeze(2) + delta, const(2 * math.pi, delta)).to(f)   # (b,H,1,S)
-        S, N = phi.shape[-1], bc.shape[-1]
+        phi = torch.remainder(angle.view(b, H, 1, -1) + delta, const(2 * math.pi, delta)).to(f)   # (b,H,1,S)
+        S = phi.shape[-1]
         if N % 2:                                                 # odd N: no complex view of the pairs
             bc = rotate_pairs(bc, phi)
         else:                                                     # pairs (2j, 2j+1) as complex numbers, times e^{iφ}
             pairs = bc.as_strided((b, H, 2 * R, S, 2), (*bc.stride()[:3], 2, 1))
             one = const(1.0, phi) if phi.device.type == "cpu" else phi.new_ones(())   # (polar takes no CPU scalar)
             torch.view_as_complex(pairs).mul_(torch.polar(one, phi))
-        angle = phi.squeeze(2)
-    k, q = bc[:, :, :R], bc[:, :, R:]                             # B̃_t, C̃_t (b,H,R,N)
+        angle = phi.view(b, H, S)
+    k, q = (bc.as_strided((b, H, R, N), bc.stride(), bc.storage_offset() + i * R * bc.stride(2)) for i in (0, 1))   # B̃, C̃
     if R == 1:                                                    # outer products and the read-out by broadcasting
         h = torch.addcmul(alpha * h, beta * v_prev, k_prev).addcmul_(gamma * x, k)
         y = torch.addcmul((h * q).sum(-1, keepdim=True), D, x)
-        return y, SSDState(angle, h, k.squeeze(2), x.squeeze(3))
+        return y, SSDState(angle, h, k.view(b, H, N), x.view(b, H, P))
     h = alpha * h + (beta * v_prev) @ k_prev + (gamma * x) @ k   # Σ_r v_r k_rᵀ: (P×R)(R×N)
     y = torch.addcmul(h @ q.transpose(-1, -2), D, x)              # y_r = h C̃_r (b,H,P,R)
     return y, SSDState(angle, h, k, x.transpose(-1, -2))
 
 # %% ../nbs/02_block.ipynb #5d1e7a3c
-def angle_rate64(theta: torch.Tensor) -> torch.Tensor:
-    "ω = π tanh(θ) in fp64 (`angle_rate` before its rounding to theta's dtype): the decode step's angle increments."
-    th = torch.tanh(theta).double()
-    return th * const(math.pi, th)
+def angle_increment64(dt: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """The decode step's angle increment δ = Δ·π·tanh(θ) in fp64: Δ tanh θ in their dtype (one unbiased rounding),
+    times π in fp64 (fp32's π is 2.8e-8 too large, a bias a long decode would collect; see `angle_rate`)."""
+    d = (dt * torch.tanh(theta)).double()
+    return d * const(math.pi, d)
 
 
 def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState, reset=None):
@@ -385,7 +387,7 @@ def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState, reset=None):
     rows = (lambda t: t) if mimo else (lambda t: t.unsqueeze(2))
     bc = torch.cat((rows(B), rows(C)), 2).to(f)                                  # (b,H,2R,N)
     dt, A, lam = (t[..., None, None] for t in (dt, A, lam))                      # (b,H,1,1)
-    delta = None if theta is None else dt * angle_rate64(theta)[:, None, None]   # (b,H,1,S)
+    delta = None if theta is None else angle_increment64(dt, theta[:, None, None])   # (b,H,1,S)
     y, state = decode_update(state, cols, *trapezoid_coefs(dt, A, lam), bc, delta, fp32(D)[:, None, None].to(f), reset)
     return (y.transpose(-1, -2) if mimo else y.squeeze(-1)), state
 
@@ -497,7 +499,7 @@ def step(self: Mamba3Block, u: torch.Tensor, state: SSDState, reset: Optional[to
     else:
         bc = bc + c.bc_bias
     if self.rotation == "data" and S:
-        delta = dt * angle_rate64(part(7, (1, 1, S), (0, 0, 1)))             # (b,H,1,S) fp64
+        delta = angle_increment64(dt, part(7, (1, 1, S), (0, 0, 1)))          # (b,H,1,S) fp64
     else:
         delta = c.omega if S else None                                       # fixed: ω (S,); none: no rotation
     if self.is_mimo:
@@ -508,7 +510,7 @@ def step(self: Mamba3Block, u: torch.Tensor, state: SSDState, reset: Optional[to
     y = y * F.silu(z if c.mimo is None else z * c.mimo[1])
     if c.mimo is not None:
         y = (y * c.mimo[2]).sum(-1)                                          # Σ_r W_o[r] ⊙ y_r (b,H,P)
-    y = y.reshape(b, self.d_inner)
+    y = y.view(b, self.d_inner)
     return torch.mm(y if y.dtype == c.w_out.dtype else y.to(c.w_out.dtype), c.w_out), state
 
 # %% ../nbs/02_block.ipynb #fd78af1c
