@@ -159,6 +159,41 @@ def _rotate(e, o, cs, sn):
 constexpr = tl.constexpr if _INTERPRET else None
 
 
+# %% ../nbs/01_ssd_triton.ipynb #58fb069d
+@triton.jit
+def _rotate_head(gbe, gbo, gce, gco, om, dtg, cbd, phi_c, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr, phis_ptr, ib, c, t0, ih,
+                 hh, kb, t, j, hr, cr, mt, st, first, last, H, S, NC, OM_H, om_hs, N: tl.constexpr, JB: tl.constexpr,
+                 NJB: tl.constexpr, OM_SHARED: tl.constexpr, HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 HAS_RST: tl.constexpr):
+    """Head `ih` (the hh-th of its program) of one block `kb` of JB pairs of one chunk of the rotation: its bias added
+    to the group's B, C columns, rotated by its angles from its carry (row hh·NJB + kb of `phi_c`), stored; returns
+    `cbd` with its C·B partial sum added in column hh, and `phi_c` with its carry stepped over the chunk."""
+    be, bo = _add_bias(gbe, gbo, bb_ptr + 2 * kb * JB, ih, mt, N, JB, HAS_BIAS)
+    ce, co = _add_bias(gce, gco, cb_ptr + 2 * kb * JB, ih, mt, N, JB, HAS_BIAS)
+    cbd = tl.where((hr == hh)[None, :], cbd + tl.sum(ce * be + co * bo, axis=1)[:, None], cbd)
+    if HAS_THETA:
+        mine = (cr == hh * NJB + kb)[:, None]
+        phi_h = tl.sum(tl.where(mine, phi_c, 0.), axis=0)                # this carry, exactly
+        phi_in = _carry_f32(phi_h)                    # the fp32 carry this chunk's angles start from
+        tl.store(phis_ptr + ((ib * H + ih) * NC + c) * S + j, phi_in, mask=j < S)
+        if not OM_SHARED:
+            om = _load_omega(om_ptr + t0 * OM_H * S, t * OM_H + ih * om_hs, mt, j, S)
+        dt = tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1)
+        phi = _angles(om, dt, phi_in, t, st, first, HAS_RST)
+        if HAS_RST:                                   # the carry out: the last document's own rotation
+            last_doc = tl.where((t >= last)[:, None], dt[:, None] * om, 0.)
+            phi_h = _wrap_carry(tl.where(last < 0, phi_h, 0.) + tl.sum(last_doc.to(tl.float64), axis=0))
+        else:
+            phi_h = _wrap_carry(phi_h + tl.sum((dt[:, None] * om).to(tl.float64), axis=0))
+        phi_c = tl.where(mine, phi_h[None, :], phi_c)
+        cs, sn = tl.cos(phi), tl.sin(phi)
+        be, bo = _rotate(be, bo, cs, sn)
+        ce, co = _rotate(ce, co, cs, sn)
+    _store_pairs(bt_ptr + t0 * H * N + 2 * kb * JB, t * H + ih, mt, be, bo, N, JB)
+    _store_pairs(ct_ptr + t0 * H * N + 2 * kb * JB, t * H + ih, mt, ce, co, N, JB)
+    return cbd, phi_c
+
+
 # %% ../nbs/01_ssd_triton.ipynb #98849d55
 @triton.jit
 def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, rst_ptr, bt_ptr, ct_ptr, cbd_ptr, phit_ptr,
@@ -187,46 +222,25 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, r
         mt = c * L + t < T
         rows = (t0 + t)[:, None] * H + hcol[None, :]              # (L, HGP): its heads' rows of (b, T, H) tensors
         mth = mt[:, None] & (hr < HB)[None, :]
+        cbd = tl.zeros((L, HGP), tl.float32)                      # C·B = C̃·B̃ of its heads, for the diagonal
+        dtg = cbd
+        st, first, last = t, L, -1                                # one document: nothing is read
         if HAS_THETA:
             dtg = tl.load(dt_ptr + rows, mask=mth, other=0.)      # Δ of its heads
             if HAS_RST:
                 st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
-            else:                                                 # one document: nothing is read
-                st, first, last = t, L, -1
-        cbd = tl.zeros((L, HGP), tl.float32)                      # C·B = C̃·B̃ of its heads, for the diagonal
         for kb in range(NJB):                                     # the blocks of JB pairs
             j = kb * JB + jj
             boff = t0 * G * N + 2 * kb * JB
             gbe, gbo = _load_pairs(b_ptr + boff, t * G + ig, mt, N, JB)   # the group's B, C columns, (L, JB) each
             gce, gco = _load_pairs(c_ptr + boff, t * G + ig, mt, N, JB)
-            if HAS_THETA:
-                if OM_SHARED:                                     # ω (b, T, 1, S): one row per token for all heads
-                    om = _load_omega(om_ptr + t0 * S, t, mt, j, S)
+            om = gbe                                              # ω (b, T, 1, S): one row for all heads
+            if HAS_THETA and OM_SHARED:
+                om = _load_omega(om_ptr + t0 * S, t, mt, j, S)
             for hh in range(HB):
-                ih = h0 + hh
-                be, bo = _add_bias(gbe, gbo, bb_ptr + 2 * kb * JB, ih, mt, N, JB, HAS_BIAS)
-                ce, co = _add_bias(gce, gco, cb_ptr + 2 * kb * JB, ih, mt, N, JB, HAS_BIAS)
-                cbd = tl.where((hr == hh)[None, :], cbd + tl.sum(ce * be + co * bo, axis=1)[:, None], cbd)
-                if HAS_THETA:
-                    mine = (cr == hh * NJB + kb)[:, None]
-                    phi_h = tl.sum(tl.where(mine, phi_c, 0.), axis=0)   # this carry, exactly
-                    phi_in = _carry_f32(phi_h)                    # the fp32 carry this chunk's angles start from
-                    tl.store(phis_ptr + ((ib * H + ih) * NC + c) * S + j, phi_in, mask=j < S)
-                    if not OM_SHARED:
-                        om = _load_omega(om_ptr + t0 * OM_H * S, t * OM_H + ih * om_hs, mt, j, S)
-                    dt = tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1)
-                    phi = _angles(om, dt, phi_in, t, st, first, HAS_RST)
-                    if HAS_RST:                                   # the carry out: the last document's own rotation
-                        last_doc = tl.where((t >= last)[:, None], dt[:, None] * om, 0.)
-                        phi_h = _wrap_carry(tl.where(last < 0, phi_h, 0.) + tl.sum(last_doc.to(tl.float64), axis=0))
-                    else:
-                        phi_h = _wrap_carry(phi_h + tl.sum((dt[:, None] * om).to(tl.float64), axis=0))
-                    phi_c = tl.where(mine, phi_h[None, :], phi_c)
-                    cs, sn = tl.cos(phi), tl.sin(phi)
-                    be, bo = _rotate(be, bo, cs, sn)
-                    ce, co = _rotate(ce, co, cs, sn)
-                _store_pairs(bt_ptr + t0 * H * N + 2 * kb * JB, t * H + ih, mt, be, bo, N, JB)
-                _store_pairs(ct_ptr + t0 * H * N + 2 * kb * JB, t * H + ih, mt, ce, co, N, JB)
+                cbd, phi_c = _rotate_head(gbe, gbo, gce, gco, om, dtg, cbd, phi_c, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr,
+                                          phis_ptr, ib, c, t0, h0 + hh, hh, kb, t, j, hr, cr, mt, st, first, last,
+                                          H, S, NC, OM_H, om_hs, N, JB, NJB, OM_SHARED, HAS_THETA, HAS_BIAS, HAS_RST)
         tl.store(cbd_ptr + rows, cbd, mask=mth)
     if HAS_THETA:
         tl.store(phit_ptr + gph, _carry_f32(phi_c), mask=m3)
@@ -686,15 +700,6 @@ def default_config(kind, arch=90, N=128, dtype=torch.bfloat16):
     if "BN" in cfg: cfg["BN"] = min(cfg["BN"], N)
     return cfg
 
-def _rotate_tiles(N, HG, dtype=torch.bfloat16):
-    """(HB, JB) of the rotation kernel for groups of HG heads: HB heads a program, JB pairs a block of its tiles. The
-    heads of a group share a program, which reads their B, C rows once, in blocks of 16 pairs (the fp64 angle carries
-    of its heads take registers); at N <= 64 (4 warps) at most 16 heads a program. A head alone (HG = 1) takes its
-    N/2 pairs in one block. fp32 inputs (the accuracy path) run a program per head: there the group programs spill."""
-    NH = max(N // 2, 16)
-    if dtype == torch.float32 or HG == 1: return 1, NH
-    return (HG if N >= 128 or HG <= 16 else min(16, HG & -HG)), 16           # HB | HG
-
 def _env_int(name):
     "Integer value of env var `name`, or None when unset."
     raw = os.environ.get(name)
@@ -716,6 +721,17 @@ def _launch_config(kind, N=128, dtype=torch.bfloat16):
         val = _env_int(env)
         if val is not None: cfg[key] = val
     return cfg
+
+# %% ../nbs/01_ssd_triton.ipynb #470f72d3
+def _rotate_tiles(N, HG, dtype=torch.bfloat16):
+    """(HB, JB) of the rotation kernel for groups of HG heads: HB heads a program, JB pairs a block of its tiles. The
+    heads of a group share a program, which reads their B, C rows once, in blocks of 16 pairs (the fp64 angle carries
+    of its heads take registers); at N <= 64 (4 warps) at most 16 heads a program. A head alone (HG = 1) takes its
+    N/2 pairs in one block. fp32 inputs (the accuracy path) run a program per head: there the group programs spill."""
+    NH = max(N // 2, 16)
+    if dtype == torch.float32 or HG == 1: return 1, NH
+    return (HG if N >= 128 or HG <= 16 else min(16, HG & -HG)), 16           # HB | HG
+
 
 # %% ../nbs/01_ssd_triton.ipynb #b3e8f215
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
