@@ -173,14 +173,14 @@ def _rotate_head(gbe, gbo, gce, gco, om, dtg, cbd, phi_c, bb_ptr, cb_ptr, om_ptr
     cbd = tl.where((hr == hh)[None, :], cbd + tl.sum(ce * be + co * bo, axis=1)[:, None], cbd)
     if HAS_THETA:
         mine = (cr == hh * NJB + kb)[:, None]
-        phi_h = tl.sum(tl.where(mine, phi_c, 0.), axis=0)                # this carry, exactly
-        phi_in = _carry_f32(phi_h)                    # the fp32 carry this chunk's angles start from
+        phi_h = tl.sum(tl.where(mine, phi_c, 0.), axis=0)           # this carry, exactly
+        phi_in = _carry_f32(phi_h)                                 # the fp32 carry this chunk's angles start from
         tl.store(phis_ptr + ((ib * H + ih) * NC + c) * S + j, phi_in, mask=j < S)
         if not OM_SHARED:
             om = _load_omega(om_ptr + t0 * OM_H * S, t * OM_H + ih * om_hs, mt, j, S)
         dt = tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1)
         phi = _angles(om, dt, phi_in, t, st, first, HAS_RST)
-        if HAS_RST:                                   # the carry out: the last document's own rotation
+        if HAS_RST:                                                # the carry out: the last document's own rotation
             last_doc = tl.where((t >= last)[:, None], dt[:, None] * om, 0.)
             phi_h = _wrap_carry(tl.where(last < 0, phi_h, 0.) + tl.sum(last_doc.to(tl.float64), axis=0))
         else:
@@ -213,7 +213,7 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, r
     cr = tl.arange(0, HGP * NJB)                               # carry row hh·NJB + kb: head hh, block kb of JB pairs
     jp = (cr % NJB)[:, None] * JB + jj[None, :]                # (HGP·NJB, JB): the pair of each carry element
     m3 = (cr < HB * NJB)[:, None] & (jp < S)
-    gph = (ib * H + h0 + cr // NJB)[:, None] * S + jp     # rows of the (b, H, S) angle tensors
+    gph = (ib * H + h0 + cr // NJB)[:, None] * S + jp          # rows of the (b, H, S) angle tensors
     phi_c = tl.zeros((HGP * NJB, JB), tl.float64)              # the angle carries, fp64 (see "The angle carry")
     if HAS_THETA:
         phi_c = _wrap_carry(tl.load(phi0_ptr + gph, mask=m3, other=0.).to(tl.float64))  # any Φ₀ -> [0, 2π)
@@ -234,8 +234,8 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, r
             boff = t0 * G * N + 2 * kb * JB
             gbe, gbo = _load_pairs(b_ptr + boff, t * G + ig, mt, N, JB)   # the group's B, C columns, (L, JB) each
             gce, gco = _load_pairs(c_ptr + boff, t * G + ig, mt, N, JB)
-            om = gbe                                              # ω (b, T, 1, S): one row for all heads
-            if HAS_THETA and OM_SHARED:
+            om = gbe                                              # a stand-in where ω is per head or absent
+            if HAS_THETA and OM_SHARED:                           # ω (b, T, 1, S): one row for all heads
                 om = _load_omega(om_ptr + t0 * S, t, mt, j, S)
             for hh in range(HB):
                 cbd, phi_c = _rotate_head(gbe, gbo, gce, gco, om, dtg, cbd, phi_c, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr,
