@@ -112,6 +112,9 @@ def lowering(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None,
     every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x", NH=min(NH, 16) if kind == "bwd_angle" else NH,   # the angle kernel: <= 16 pairs
                  HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True, HAS_RST=resets,
                  STORE=True, DOT_DTYPE=dot, PREC="ieee", HG=H if bias else 1, HGP=H if bias else 1, OM_SHARED=True)
+    if kind == "rotate":                      # its heads a program and pairs a block, as `_ssd_fwd` launches it
+        every["HB"], every["JB"] = kern._rotate_tiles(N, every["HG"], TORCH_DTYPES[dtype])
+        every["HGP"] = every["HB"]
     consts = {k: v for k, v in every.items() if k in fn.arg_names}
     options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     sig, consts, attrs = specialise(fn, dtype, consts, launch_ints(T, H, S, L, P, N, bias))

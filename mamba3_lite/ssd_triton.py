@@ -88,15 +88,21 @@ def _store_pairs(ptr, lrow, mt, e, o, N: tl.constexpr, NH: tl.constexpr):
         tl.store(ptr + lrow[:, None] * N + 2 * j[None, :] + 1, o.to(ptr.dtype.element_ty), mask=m2)
 
 @triton.jit
-def _load_bc(ptr, bias_ptr, lrow, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
-    "`_load_pairs` of B or C plus head `ih`'s bias (padding rows stay 0)."
-    e, o = _load_pairs(ptr, lrow, mt, N, NH)
+def _add_bias(e, o, bias_ptr, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    "Head `ih`'s bias added to (L, NH) even/odd tiles of B or C (padding rows stay 0)."
     if HAS_BIAS:
         z = tl.zeros((1,), tl.int32)
         be, bo = _load_pairs(bias_ptr + ih * N, z, z == 0, N, NH)                     # (1, NH)
         e = tl.where(mt[:, None], e + be, 0.)
         o = tl.where(mt[:, None], o + bo, 0.)
     return e, o
+
+@triton.jit
+def _load_bc(ptr, bias_ptr, lrow, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    "`_load_pairs` of B or C plus head `ih`'s bias (padding rows stay 0)."
+    e, o = _load_pairs(ptr, lrow, mt, N, NH)
+    return _add_bias(e, o, bias_ptr, ih, mt, N, NH, HAS_BIAS)
+
 
 # %% ../nbs/01_ssd_triton.ipynb #f6220572
 @triton.jit
@@ -119,17 +125,27 @@ def _seg_add(v1, f1, v2, f2):
     return tl.where(f2 != 0, v2, v1 + v2), f1 | f2
 
 @triton.jit
-def _chunk_angles(om_ptr, dt_ptr, row, orow, mt, j, phi_in, S, t, st, first, HAS_RST: tl.constexpr):
-    """Angles Φ of one chunk's (L, N/2) pair tiles: the fp32 carry `phi_in` plus the in-chunk cumsum of δ = Δ·ω
-    (ω from the rows `orow` of `om_ptr`, Δ from `row`), wrapped; 0 for pairs j >= S. Also Δ (L,) and ω (L, N/2).
+def _load_omega(om_ptr, orow, mt, j, S):
+    "The angle rates ω of one chunk's (L, N/2) pair tiles, from the rows `orow` of `om_ptr` (row stride S); 0 for j >= S."
+    return tl.load(om_ptr + orow[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
+
+@triton.jit
+def _angles(om, dt, phi_in, t, st, first, HAS_RST: tl.constexpr):
+    """Angles Φ of one chunk's (L, N/2) pair tiles: the fp32 carry `phi_in` plus the in-chunk cumsum of δ = Δ·ω, wrapped.
     HAS_RST: the sum restarts at each document start (st, first from `_doc_bounds`); only the first document adds the carry."""
-    om = tl.load(om_ptr + orow[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
-    dt = tl.load(dt_ptr + row, mask=mt, other=0.)
     if HAS_RST:
         d = dt[:, None] * om
         cum, _ = tl.associative_scan((d, tl.broadcast_to((st == t).to(tl.int32)[:, None], d.shape)), 0, _seg_add)
-        return _wrap(tl.where((t < first)[:, None], phi_in[None, :], 0.) + cum), dt, om
-    return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0)), dt, om
+        return _wrap(tl.where((t < first)[:, None], phi_in[None, :], 0.) + cum)
+    return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0))
+
+@triton.jit
+def _chunk_angles(om_ptr, dt_ptr, row, orow, mt, j, phi_in, S, t, st, first, HAS_RST: tl.constexpr):
+    """`_angles` of one chunk, ω from the rows `orow` of `om_ptr` (`_load_omega`) and Δ from `row` of `dt_ptr`; also Δ (L,)
+    and ω (L, N/2)."""
+    om = _load_omega(om_ptr, orow, mt, j, S)
+    dt = tl.load(dt_ptr + row, mask=mt, other=0.)
+    return _angles(om, dt, phi_in, t, st, first, HAS_RST), dt, om
 
 @triton.jit
 def _rotate(e, o, cs, sn):
@@ -143,49 +159,92 @@ def _rotate(e, o, cs, sn):
 constexpr = tl.constexpr if _INTERPRET else None
 
 
+# %% ../nbs/01_ssd_triton.ipynb #58fb069d
+@triton.jit
+def _rotate_head(gbe, gbo, gce, gco, om, dtg, cbd, phi_c, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr, phis_ptr, ib, c, t0, ih,
+                 hh, kb, t, j, hr, cr, mt, st, first, last, H, S, NC, OM_H, om_hs, N: tl.constexpr, JB: tl.constexpr,
+                 NJB: tl.constexpr, OM_SHARED: tl.constexpr, HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 HAS_RST: tl.constexpr):
+    """Head `ih` (the hh-th of its program) of one block `kb` of JB pairs of one chunk of the rotation: its bias added
+    to the group's B, C columns, rotated by its angles from its carry (row hh·NJB + kb of `phi_c`), stored; returns
+    `cbd` with its C·B partial sum added in column hh, and `phi_c` with its carry stepped over the chunk."""
+    be, bo = _add_bias(gbe, gbo, bb_ptr + 2 * kb * JB, ih, mt, N, JB, HAS_BIAS)
+    ce, co = _add_bias(gce, gco, cb_ptr + 2 * kb * JB, ih, mt, N, JB, HAS_BIAS)
+    cbd = tl.where((hr == hh)[None, :], cbd + tl.sum(ce * be + co * bo, axis=1)[:, None], cbd)
+    if HAS_THETA:
+        mine = (cr == hh * NJB + kb)[:, None]
+        phi_h = tl.sum(tl.where(mine, phi_c, 0.), axis=0)           # this carry, exactly
+        phi_in = _carry_f32(phi_h)                                 # the fp32 carry this chunk's angles start from
+        tl.store(phis_ptr + ((ib * H + ih) * NC + c) * S + j, phi_in, mask=j < S)
+        if not OM_SHARED:
+            om = _load_omega(om_ptr + t0 * OM_H * S, t * OM_H + ih * om_hs, mt, j, S)
+        dt = tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1)
+        phi = _angles(om, dt, phi_in, t, st, first, HAS_RST)
+        if HAS_RST:                                                # the carry out: the last document's own rotation
+            last_doc = tl.where((t >= last)[:, None], dt[:, None] * om, 0.)
+            phi_h = _wrap_carry(tl.where(last < 0, phi_h, 0.) + tl.sum(last_doc.to(tl.float64), axis=0))
+        else:
+            phi_h = _wrap_carry(phi_h + tl.sum((dt[:, None] * om).to(tl.float64), axis=0))
+        phi_c = tl.where(mine, phi_h[None, :], phi_c)
+        cs, sn = tl.cos(phi), tl.sin(phi)
+        be, bo = _rotate(be, bo, cs, sn)
+        ce, co = _rotate(ce, co, cs, sn)
+    _store_pairs(bt_ptr + t0 * H * N + 2 * kb * JB, t * H + ih, mt, be, bo, N, JB)
+    _store_pairs(ct_ptr + t0 * H * N + 2 * kb * JB, t * H + ih, mt, ce, co, N, JB)
+    return cbd, phi_c
+
+
 # %% ../nbs/01_ssd_triton.ipynb #98849d55
 @triton.jit
 def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, rst_ptr, bt_ptr, ct_ptr, cbd_ptr, phit_ptr,
-                       phis_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G, HG,
-                       L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_THETA: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
-    """Per-head rotated keys B̃ and queries C̃ of one (batch, head), in the dot dtype, and the diagonal's C·B: a walk
-    over the chunks carrying the fp64 angle carry, which it stores per chunk (fp32) and at the end; grid (H, b)."""
-    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)    # int64 offsets: b·T·H·N may pass 2^31
-    bh = ib * H + ih
-    t = tl.arange(0, L); j = tl.arange(0, NH)
-    phi_c = tl.zeros((NH,), tl.float64)                        # the angle carry, fp64 (see "The angle carry")
+                       phis_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G, HG, L: tl.constexpr, N: tl.constexpr,
+                       NH: tl.constexpr, JB: tl.constexpr, HB: tl.constexpr, HGP: tl.constexpr, OM_SHARED: tl.constexpr,
+                       HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
+    """Per-head rotated keys B̃ and queries C̃ of HB of the HG heads of one (batch, group), in the dot dtype, and the
+    diagonal's C·B. A walk over the chunks: per chunk, per block of JB pairs (JB | NH), the group's B, C columns (and ω
+    where the heads share it) are loaded once and the HB heads' B̃, C̃ columns made from them. It carries the fp64
+    angle carry of each of its heads and pairs, (HGP · NH / JB, JB), which it stores per chunk (fp32) and at the end;
+    grid (G, b, HG / HB)."""
+    ig, ib, ihb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)   # int64: b·T·H·N may pass 2^31
+    NJB: tl.constexpr = NH // JB
+    t = tl.arange(0, L); jj = tl.arange(0, JB); hr = tl.arange(0, HGP)
+    h0 = ig * HG + ihb * HB                                    # this program's first head
+    hcol = h0 + hr                                             # its heads (HGP >= HB: a power of two)
+    cr = tl.arange(0, HGP * NJB)                               # carry row hh·NJB + kb: head hh, block kb of JB pairs
+    jp = (cr % NJB)[:, None] * JB + jj[None, :]                # (HGP·NJB, JB): the pair of each carry element
+    m3 = (cr < HB * NJB)[:, None] & (jp < S)
+    gph = (ib * H + h0 + cr // NJB)[:, None] * S + jp          # rows of the (b, H, S) angle tensors
+    phi_c = tl.zeros((HGP * NJB, JB), tl.float64)              # the angle carries, fp64 (see "The angle carry")
     if HAS_THETA:
-        phi_c = _wrap_carry(tl.load(phi0_ptr + bh * S + j, mask=j < S, other=0.).to(tl.float64))  # any Φ₀ -> [0, 2π)
+        phi_c = _wrap_carry(tl.load(phi0_ptr + gph, mask=m3, other=0.).to(tl.float64))  # any Φ₀ -> [0, 2π)
     for c in tl.range(0, NC):
         t0 = ib * T + c * L                                       # first token of the chunk
         mt = c * L + t < T
-        row = (t0 + t) * H + ih                                   # rows of (b, T, H) tensors
-        bcrow = t * G + ih // HG                                  # B/C rows: head ih reads group ih // (H/G)
-        be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr, bcrow, ih, mt, N, NH, HAS_BIAS)   # (L, NH) each
-        ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr, bcrow, ih, mt, N, NH, HAS_BIAS)
-        tl.store(cbd_ptr + row, tl.sum(ce * be + co * bo, axis=1), mask=mt)          # C·B = C̃·B̃, for the diagonal
+        rows = (t0 + t)[:, None] * H + hcol[None, :]              # (L, HGP): its heads' rows of (b, T, H) tensors
+        mth = mt[:, None] & (hr < HB)[None, :]
+        cbd = tl.zeros((L, HGP), tl.float32)                      # C·B = C̃·B̃ of its heads, for the diagonal
+        dtg = cbd
+        st, first, last = t, L, -1                                # one document: nothing is read
         if HAS_THETA:
-            phi_in = _carry_f32(phi_c)                            # the fp32 carry this chunk's angles start from
-            tl.store(phis_ptr + (bh * NC + c) * S + j, phi_in, mask=j < S)
+            dtg = tl.load(dt_ptr + rows, mask=mth, other=0.)      # Δ of its heads
             if HAS_RST:
                 st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
-            else:                                                 # one document: nothing is read
-                st, first, last = t, L, -1
-            phi, dt, om = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j, phi_in, S,
-                                        t, st, first, HAS_RST)
-            if HAS_RST:                                           # the carry out: the last document's own rotation
-                last_doc = tl.where((t >= last)[:, None], dt[:, None] * om, 0.)
-                phi_c = _wrap_carry(tl.where(last < 0, phi_c, 0.) + tl.sum(last_doc.to(tl.float64), axis=0))
-            else:
-                phi_c = _wrap_carry(phi_c + tl.sum((dt[:, None] * om).to(tl.float64), axis=0))
-            cs, sn = tl.cos(phi), tl.sin(phi)
-            be, bo = _rotate(be, bo, cs, sn)
-            ce, co = _rotate(ce, co, cs, sn)
-        _store_pairs(bt_ptr + t0 * H * N, t * H + ih, mt, be, bo, N, NH)
-        _store_pairs(ct_ptr + t0 * H * N, t * H + ih, mt, ce, co, N, NH)
+        for kb in range(NJB):                                     # the blocks of JB pairs
+            j = kb * JB + jj
+            boff = t0 * G * N + 2 * kb * JB
+            gbe, gbo = _load_pairs(b_ptr + boff, t * G + ig, mt, N, JB)   # the group's B, C columns, (L, JB) each
+            gce, gco = _load_pairs(c_ptr + boff, t * G + ig, mt, N, JB)
+            om = gbe                                              # a stand-in where ω is per head or absent
+            if HAS_THETA and OM_SHARED:                           # ω (b, T, 1, S): one row for all heads
+                om = _load_omega(om_ptr + t0 * S, t, mt, j, S)
+            for hh in range(HB):
+                cbd, phi_c = _rotate_head(gbe, gbo, gce, gco, om, dtg, cbd, phi_c, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr,
+                                          phis_ptr, ib, c, t0, h0 + hh, hh, kb, t, j, hr, cr, mt, st, first, last,
+                                          H, S, NC, OM_H, om_hs, N, JB, NJB, OM_SHARED, HAS_THETA, HAS_BIAS, HAS_RST)
+        tl.store(cbd_ptr + rows, cbd, mask=mth)
     if HAS_THETA:
-        tl.store(phit_ptr + bh * S + j, _carry_f32(phi_c), mask=j < S)
+        tl.store(phit_ptr + gph, _carry_f32(phi_c), mask=m3)
+
 
 # %% ../nbs/01_ssd_triton.ipynb #3dc6f6cd
 @triton.jit
@@ -663,6 +722,17 @@ def _launch_config(kind, N=128, dtype=torch.bfloat16):
         if val is not None: cfg[key] = val
     return cfg
 
+# %% ../nbs/01_ssd_triton.ipynb #470f72d3
+def _rotate_tiles(N, HG, dtype=torch.bfloat16):
+    """(HB, JB) of the rotation kernel for groups of HG heads: HB heads a program, JB pairs a block of its tiles. The
+    heads of a group share a program, which reads their B, C rows once, in blocks of 16 pairs (the fp64 angle carries
+    of its heads take registers); at N <= 64 (4 warps) at most 16 heads a program. A head alone (HG = 1) takes its
+    N/2 pairs in one block. fp32 inputs (the accuracy path) run a program per head: there the group programs spill."""
+    NH = max(N // 2, 16)
+    if dtype == torch.float32 or HG == 1: return 1, NH
+    return (HG if N >= 128 or HG <= 16 else min(16, HG & -HG)), 16           # HB | HG
+
+
 # %% ../nbs/01_ssd_triton.ipynb #b3e8f215
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
 # N = 128 and 64, with and without resets, every launch (tests/test_ssd_triton.py compiles them all)
@@ -749,11 +819,12 @@ def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional
     rst_ = adt if rst is None else rst                                    # a placeholder pointer without resets
     Bt, Ct = (torch.empty(b, T, H, N, device=x.device, dtype=_TORCH_DTYPES[dot]) for _ in range(2))
     cbd, phit, phis = torch.empty(b, T, H, **f32), torch.zeros(b, H, S, **f32), torch.empty(b, H, NC, S, **f32)
-    _launch(_ssd_rotate_kernel, "rotate", (H, b), B, C, adt if Bb is None else Bb,
+    HB, JB = _rotate_tiles(N, H // G, x.dtype)                            # heads a program, pairs a block
+    _launch(_ssd_rotate_kernel, "rotate", (G, b, H // G // HB), B, C, adt if Bb is None else Bb,
             adt if Cb is None else Cb, adt if om is None else om, dt, adt if phi0 is None else phi0, rst_, Bt, Ct, cbd,
-            phit, phis, T, H, S, NC, OM_H, int(OM_H > 1), G, H // G,
-            L=chunk_size, N=N, NH=max(N // 2, 16), HAS_THETA=om is not None, HAS_BIAS=Bb is not None,
-            HAS_RST=rst is not None, dtype=x.dtype)
+            phit, phis, T, H, S, NC, OM_H, int(OM_H > 1), G, H // G, L=chunk_size, N=N, NH=max(N // 2, 16), JB=JB,
+            HB=HB, HGP=triton.next_power_of_2(HB), OM_SHARED=OM_H == 1, HAS_THETA=om is not None,
+            HAS_BIAS=Bb is not None, HAS_RST=rst is not None, dtype=x.dtype)
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)             # contiguous, whatever x's strides
     ht = torch.empty(b, H, P, N, **f32)
     split = _launch_config("fwd", N, x.dtype)["split"]

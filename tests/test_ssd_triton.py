@@ -111,6 +111,30 @@ def test_shared_bc_groups_and_bias(G, bias):
     assert_grads_close(ssd_grads(ssd_triton, shared, state, chunk_size=16), ssd_grads(reference, shared, state, chunk_size=16), 1e-3)
 
 
+@pytest.mark.parametrize("H,G,N,resets", [(32, 1, 32, False), (8, 2, 64, True)])
+def test_rotation_shares_a_program_per_group(monkeypatch, H, G, N, resets):
+    """The rotation as bf16 inputs launch it (`_rotate_tiles`; fp32's own runs a program per head): one program for
+    the heads of a group, or at N <= 64 and more than 16 heads two (H = 32, one group), each walking blocks of 16
+    pairs with the fp64 angle carries of its heads. Against ssd_chunked on the per-head B, C plus biases; gradients."""
+    import mamba3_lite.ssd_triton as st
+    real = st._rotate_tiles
+    monkeypatch.setattr(st, "_rotate_tiles", lambda N, HG, dtype: real(N, HG, torch.bfloat16))
+    assert real(N, H // G, torch.bfloat16) == ((16, 16) if H == 32 else (4, 16))
+    kw, state = ssd_case(37, 4, True, seed=H + N, H=H, N=N)
+    g = torch.Generator().manual_seed(H)
+    shared = dict(kw, B=torch.randn(2, 37, G, N, generator=g), C=torch.randn(2, 37, G, N, generator=g),
+                  B_bias=torch.randn(H, N, generator=g), C_bias=torch.randn(H, N, generator=g))
+    sid = doc_index(2, 37, [[16, 30], [7, 8]]) if resets else None
+
+    def reference(B, C, B_bias, C_bias, **rest):
+        return ssd_chunked(B=B.repeat_interleave(H // G, 2) + B_bias, C=C.repeat_interleave(H // G, 2) + C_bias, **rest)
+
+    (y, st_), (y_ref, st_ref) = (f(**shared, initial_state=state, chunk_size=16, seq_idx=sid) for f in (ssd_triton, reference))
+    assert nmax(y, y_ref) <= 1e-4 and nmax(st_.h, st_ref.h) <= 1e-4 and angle_err(st_.angle, st_ref.angle) <= 1e-5
+    assert_grads_close(ssd_grads(ssd_triton, shared, state, chunk_size=16, seq_idx=sid),
+                       ssd_grads(reference, shared, state, chunk_size=16, seq_idx=sid), 1e-3)
+
+
 def test_x_as_a_strided_view_gives_the_same_run():
     """x as the block hands it over, a view of its in-projection (batch and token strides of a wider row): the kernels
     read it in place, and y, the final states and dx equal those of the contiguous copy exactly."""
