@@ -256,7 +256,7 @@ def ssd_mamba2_quotes(result):
 
 
 TRAIN_CPU = newest("train_cpu_2???-??-??.json")
-QUOTED_RESULTS = {TRAIN_CPU: train_cpu_quotes, "decode_cpu_consts_2026-12-02.json": decode_cpu_quotes,
+QUOTED_RESULTS = {TRAIN_CPU: train_cpu_quotes, "decode_cpu_ops_2026-12-02.json": decode_cpu_quotes,
                   newest("ssd_cpu_mamba2_2???-??-??.json"): ssd_mamba2_quotes, newest("train_cpu_compile_2???-??-??.json"): train_cpu_compile_quotes}
 
 
