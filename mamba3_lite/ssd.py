@@ -194,7 +194,7 @@ class _Inputs(NamedTuple):
     B: Tensor        # (b, T, H, R, N)
     C: Tensor        # (b, T, H, R, N)
     lam: Tensor      # (b, T, H)
-    theta: Tensor    # (b, T, H, S)
+    theta: Tensor    # (b, T, H, S), or (b, T, 1, S) when the heads share the angle logits
     D: Tensor        # (H,)
     state: SSDState  # angle (b, H, S), h (b, H, P, N), k (b, H, R, N), v (b, H, R, P)
     mimo: bool
@@ -258,7 +258,7 @@ def _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx=None) -> _Inp
     f = lambda t: t.to(dtype=cd, device=dev)
     ranked = (lambda t: f(t)) if mimo else (lambda t: f(t).unsqueeze(-2))
     th = torch.zeros(b, T, H, 0, dtype=cd, device=dev) if theta is None else f(theta)
-    if th.dim() == 3: th = th[:, :, None, :].expand(b, T, H, S)
+    if th.dim() == 3: th = th[:, :, None, :]      # shared by the heads: π·tanh(θ) is then formed once per token
     if initial_state is None:
         zeros = lambda *s: torch.zeros(*s, dtype=cd, device=dev)
         st = SSDState(zeros(b, H, S), zeros(b, H, P, N), zeros(b, H, R, N), zeros(b, H, R, P))
@@ -376,11 +376,12 @@ def _from_chunks(t, T):
     b, H, nc, L, *rest = t.shape
     return t.reshape(b, H, nc * L, *rest)[:, :, :T].transpose(1, 2)
 
-def cumulative_angle(delta, angle0, chunk_size, reset=None):
+def cumulative_angle(delta, angle0, chunk_size, reset=None, chunked=False):
     """Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus the carry into each chunk (a cumsum of the chunk totals),
-    wrapped once, in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S). reset (b, T) bool restarts the sum at each
-    document start (Φ_t = δ_t there, §11)."""
-    if delta.shape[-1] == 0: return delta                                 # no angles (S = 0)
+    wrapped once, in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S), or with chunked=True the chunk layout
+    (b, H, n_c, L, S) that `ssd_chunked` works in (padding tokens hold the last angle). reset (b, T) bool restarts the sum
+    at each document start (Φ_t = δ_t there, §11)."""
+    if delta.shape[-1] == 0: return _to_chunks(delta, chunk_size) if chunked else delta   # no angles (S = 0)
     local = _to_chunks(delta.double(), chunk_size).cumsum(3)              # (b, H, n_c, L, S)
     carried = None                                                        # does the carry reach token l? (b, H, n_c, L, 1)
     if reset is not None:
@@ -401,8 +402,8 @@ def cumulative_angle(delta, angle0, chunk_size, reset=None):
         since = before - before.gather(2, m.clamp_min(0)[..., None].expand_as(before))
         carry = since + torch.where((m < 0)[..., None], a0, 0.0)          # Φ_{-1} only where no start came before
     start = carry[:, :, :, None]                                          # (b, H, n_c, 1, S), not wrapped: one wrap below
-    phi = wrap_angle((start if carried is None else carried * start) + local)
-    return _from_chunks(phi, delta.shape[1]).to(delta.dtype)
+    phi = wrap_angle((start if carried is None else carried * start) + local).to(delta.dtype)
+    return phi if chunked else _from_chunks(phi, delta.shape[1])
 
 # %% ../nbs/00_ssd.ipynb #a8c7fcf2
 def scan_scalars(dt, A, lam, reset=None):
@@ -418,23 +419,6 @@ def scan_scalars(dt, A, lam, reset=None):
 def seed_state(h, k, v, eps0):
     "The carried state h'_{-1} = h̃ + ε_0 Σ_r v_r k_rᵀ a run from a cache starts with (no α_0): h (b, H, P, N), k (b, H, R, N), v (b, H, R, P), eps0 (b, H)."
     return h + eps0[..., None, None] * torch.einsum('bhrp,bhrn->bhpn', v, k)
-
-class _Decayed(torch.autograd.Function):
-    """G = M ⊙ W with the decay matrix W = e^{segsum(a, strict)}: M (..., L, L), a (..., L) -> (G, W). Its backward is
-    written out: ∂W/∂segsum = W gives ∂a_r = Σ_{l >= r > s} (∂G ⊙ G)_{ls}, a row cumsum and a column sum (no flips)."""
-    @staticmethod
-    def forward(ctx, M, a):
-        W = torch.exp(segsum(a, strict=True))
-        G = M * W
-        ctx.save_for_backward(W, G)
-        return G, W
-
-    @staticmethod
-    def backward(ctx, gG, gW):
-        W, G = ctx.saved_tensors
-        gS = gG * G if gW is None else gG * G + gW * W                     # ∂ / ∂segsum(a)_{ls}
-        before = gS.cumsum(-1) - gS                                         # Σ_{s<r} gS_{ls} at column r
-        return gG * W, before.tril().sum(-2)                                # ... summed over l >= r
 
 def pass_states(log_decay, s_loc, h_seed, block=None):
     """State passing H_in[c+1] = e^{g_c} H_in[c] + S_c, H_in[0] = h_seed: log_decay g (b, H, n_c) (−∞ allowed),
@@ -465,6 +449,73 @@ def pass_states(log_decay, s_loc, h_seed, block=None):
     h_in = (rows[0] if nb == 1 else torch.cat(rows, 2))[:, :, :nc]
     return h_in.view(b, H, nc, P, N), h_run.view(b, H, P, N)
 
+# %% ../nbs/00_ssd.ipynb #6d9f75fd
+class _Decayed(torch.autograd.Function):
+    """The weighted scores of a chunk: QK (..., L·R, L·R) = C̃_l · B̃_s, a, sigma, gamma (..., L) -> (G, to_end):
+    G = QK ⊙ (M ⊗ 1_{R×R}) with M_ls = e^{a_l − a_s} σ_s for l > s, M_ll = γ_l, 0 above (exponents <= 0), and
+    to_end_s = e^{a_{L-1} − a_s} σ_s, the weights of the chunk state."""
+    @staticmethod
+    def forward(ctx, QK, a, sigma, gamma):
+        L = a.shape[-1]
+        E = torch.exp(segsum(a))                                            # e^{a_l - a_s} for l >= s, 1 on the diagonal
+        M = E * sigma[..., None, :]
+        to_end = M[..., -1, :].clone()
+        M.diagonal(dim1=-2, dim2=-1).copy_(gamma)
+        ctx.save_for_backward(QK, E, M, sigma)
+        G = QK * M if QK.shape[-1] == L else (_blocks(QK, L) * M[..., :, None, :, None]).reshape(QK.shape)
+        return G, to_end
+
+    @staticmethod
+    def backward(ctx, gG, g_end):
+        QK, E, M, sigma = ctx.saved_tensors
+        L = E.shape[-1]
+        if QK.shape[-1] == L: gQK, gM = gG * M, gG * QK
+        else:
+            g4 = _blocks(gG, L)
+            gQK, gM = g4 * M[..., :, None, :, None], (g4 * _blocks(QK, L)).sum((-3, -1))
+        g_gamma = gM.diagonal(dim1=-2, dim2=-1).clone()
+        gM.diagonal(dim1=-2, dim2=-1).zero_()                               # (the diagonal is γ, not a decayed σ)
+        if g_end is not None: gM[..., -1, :] += g_end
+        P = gM * E
+        gS = P * sigma[..., None, :]                                        # ∂ / ∂segsum(a)_{ls}
+        before = gS.cumsum(-1) - gS                                         # Σ_{s<r} gS_{ls} at column r
+        return gQK.reshape(QK.shape), before.tril().sum(-2), P.sum(-2), g_gamma   # ∂a: summed over l >= r
+
+def _blocks(t, L):
+    "(..., L·R, L·R) -> (..., L, R, L, R): the R×R block of each (token, token) pair."
+    R = t.shape[-1] // L
+    return t.view(*t.shape[:-2], L, R, L, R)
+
+# %% ../nbs/00_ssd.ipynb #0d0f5ec4
+def _rotate_inplace_pairs(v, cos, sin, sign=1.0):
+    "A copy of v (..., N) with its pairs (2j, 2j+1), j < S, rotated by the angles whose cos, sin (..., S) are given (sign -1: back)."
+    S = cos.shape[-1]
+    out = v.clone()
+    vp, op = v[..., :2 * S].unflatten(-1, (S, 2)), out[..., :2 * S].unflatten(-1, (S, 2))
+    op[..., 0].mul_(cos).addcmul_(vp[..., 1], sin, value=-sign)           # v_2j cos − v_2j+1 sin
+    op[..., 1].mul_(cos).addcmul_(vp[..., 0], sin, value=sign)            # v_2j+1 cos + v_2j sin
+    return out
+
+class _Rotated(torch.autograd.Function):
+    "(B̃, C̃) = (`rotate_pairs`(B, φ), `rotate_pairs`(C, φ)): B, C (..., N), phi (..., S) broadcasting to them."
+    @staticmethod
+    def forward(ctx, B, C, phi):
+        cos, sin = torch.cos(phi), torch.sin(phi)
+        Bt, Ct = _rotate_inplace_pairs(B, cos, sin), _rotate_inplace_pairs(C, cos, sin)
+        ctx.save_for_backward(cos, sin, Bt, Ct)
+        return Bt, Ct
+
+    @staticmethod
+    def backward(ctx, gB, gC):
+        cos, sin, Bt, Ct = ctx.saved_tensors
+        S, grads, g_phi = cos.shape[-1], [], 0
+        for g, vt in ((gB, Bt), (gC, Ct)):
+            if g is None: grads.append(None); continue
+            grads.append(_rotate_inplace_pairs(g, cos, sin, -1.0))           # R(−φ) ∂ṽ
+            gp, vp = g[..., :2 * S].unflatten(-1, (S, 2)), vt[..., :2 * S].unflatten(-1, (S, 2))
+            g_phi = g_phi + torch.addcmul(gp[..., 1] * vp[..., 0], gp[..., 0], vp[..., 1], value=-1.0)
+        return grads[0], grads[1], g_phi.sum_to_size(cos.shape)
+
 # %% ../nbs/00_ssd.ipynb #65168138
 def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, seq_idx=None):
     "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive` (seq_idx included), any T, any chunk_size >= 1."
@@ -476,36 +527,27 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     phi0, h0, k0, v0 = z.state
     # pre-pass over the real tokens, before any padding
     adt, gamma, eps, sigma = scan_scalars(z.dt, z.A, z.lam, z.reset)           # ΔA, γ, ε, σ (b, T, H)
-    phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset)   # (b, T, H, S)
-    tables = rotation_tables(phi[:, :, :, None], z.B.shape[-1]) if phi.shape[-1] else None   # cos, ±sin (b, T, H, 1, N)
-    Bt = rotate_pairs(z.B, phi[:, :, :, None], tables)                  # B̃ (b, T, H, R, N)
-    Ct = rotate_pairs(z.C, phi[:, :, :, None], tables)                  # C̃ (b, T, H, R, N)
-    K = sigma[..., None, None] * Bt                                     # scaled keys
     h_seed = h0 if initial_state is None else seed_state(h0, k0, v0, eps[:, 0])   # h'_{-1} (b, H, P, N), no α₀ (zero: none)
-    # chunks (b, H, n_c, L, ...), with (token, rank) flattened into L·R rows
-    a_c = _to_chunks(adt, L)                                            # (b, H, n_c, L)
+    # from here on the chunk layout (b, H, n_c, L, ...); (token, rank) flattened into L·R rows for the products
+    phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset, chunked=True)   # Φ (b, H, n_c, L, S)
+    a_c, g_c, s_c = (_to_chunks(t, L) for t in (adt, gamma, sigma))     # ΔA, γ, σ (b, H, n_c, L)
     nc = a_c.shape[2]
-    rows = lambda t: _to_chunks(t, L).reshape(b, H, nc, L * R, t.shape[-1])
-    per_row = lambda t: t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
-    Q, Kc, V = rows(Ct), rows(K), rows(z.x)                             # (b, H, n_c, L·R, N | N | P)
-    QK = Q @ Kc.transpose(-1, -2)                                       # C̃_l · K_s (b, H, n_c, L·R, L·R)
-    if R == 1: G, W = _Decayed.apply(QK, a_c)                           # (C̃_l · K_s) e^{a_l - a_s} [l > s], exponents <= 0
-    else:                                                               # strictly causal in tokens, ⊗ 1_{R×R}
-        W = torch.exp(segsum(a_c, strict=True))
-        G = QK * W.repeat_interleave(R, -2).repeat_interleave(R, -1)
-    to_end = per_row(F.pad(W[..., -1, :-1], (0, 1), value=1.0))         # W's last row: e^{a_{L-1} - a_s} (b, H, n_c, L·R)
-    s_loc = V.transpose(-1, -2) @ (to_end[..., None] * Kc)              # chunk states S_c (b, H, n_c, P, N)
+    Bc, Cc, Xc = (_to_chunks(t, L) for t in (z.B, z.C, z.x))            # (b, H, n_c, L, R, N | N | P)
+    if phi.shape[-1]: Bc, Cc = _Rotated.apply(Bc, Cc, phi[..., None, :])   # B̃, C̃
+    rows = lambda t: t.reshape(b, H, nc, L * R, t.shape[-1])
+    per_row = lambda t: t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
+    Q, K, V = rows(Cc), rows(Bc), rows(Xc)                              # (b, H, n_c, L·R, N | N | P)
+    G, to_end = _Decayed.apply(Q @ K.transpose(-1, -2), a_c, s_c, g_c)  # (C̃_l · B̃_s) M_ls; e^{a_{L-1} - a_s} σ_s
+    s_loc = (per_row(to_end)[..., None] * V).transpose(-1, -2) @ K      # chunk states S_c (b, H, n_c, P, N)
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
     h_in, h_run = pass_states(a_cum[..., -1], s_loc, h_seed)            # H_in (b, H, n_c, P, N), the final state
     y_state = per_row(torch.exp(a_cum))[..., None] * (Q @ h_in.transpose(-1, -2))   # (b, H, n_c, L·R, P)
+    if D is not None: y_state = y_state + z.D[:, None, None, None] * V
     flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
-    y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part, in the same product
-    y = _from_chunks(y.view(b, H, nc, L, R, P), T)                      # (b, T, H, R, P)
-    cb = (z.C[..., :, None, :] * z.B[..., None, :, :]).sum(-1)          # (C·B)_{r r'} (b, T, H, R, R), R is small
-    diag = (cb[..., None] * z.x[..., None, :, :]).sum(-2)               # Σ_r' (C·B)_{r r'} v_{r'} (b, T, H, R, P)
-    y = y + gamma[..., None, None] * diag
-    if D is not None: y = y + z.D[:, None, None] * z.x
-    return _pack_y(y, x, z.mimo), _pack_state(phi[:, -1], h_run, Bt[:, -1], z.x[:, -1], z.mimo)
+    y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part and the diagonal
+    last = lambda t: t.reshape(b, H, nc * L, *t.shape[4:])[:, :, T - 1]   # token T-1 of a chunk-layout tensor
+    return (_pack_y(_from_chunks(y.view(b, H, nc, L, R, P), T), x, z.mimo),
+            _pack_state(last(phi), h_run, last(Bc), z.x[:, -1], z.mimo))
 
 # %% ../nbs/00_ssd.ipynb #e85d3b33
 def seq_idx_from_eos(ids, eos_id):
