@@ -487,34 +487,37 @@ def _blocks(t, L):
     return t.view(*t.shape[:-2], L, R, L, R)
 
 # %% ../nbs/00_ssd.ipynb #0d0f5ec4
-def _rotate_inplace_pairs(v, cos, sin, sign=1.0):
-    "A copy of v (..., N) with its pairs (2j, 2j+1), j < S, rotated by the angles whose cos, sin (..., S) are given (sign -1: back)."
-    S = cos.shape[-1]
-    out = v.clone()
-    vp, op = v[..., :2 * S].unflatten(-1, (S, 2)), out[..., :2 * S].unflatten(-1, (S, 2))
-    op[..., 0].mul_(cos).addcmul_(vp[..., 1], sin, value=-sign)           # v_2j cos − v_2j+1 sin
-    op[..., 1].mul_(cos).addcmul_(vp[..., 0], sin, value=sign)            # v_2j+1 cos + v_2j sin
+def _turned(v, u):
+    "A copy of v (..., N) whose pairs (2j, 2j+1), j < S, as complex numbers are multiplied by u (..., S): by e^{iφ}, rotated by φ."
+    S, N = u.shape[-1], v.shape[-1]
+    out = torch.empty(*v.shape[:-1], N + N % 2, dtype=v.dtype, device=v.device)[..., :N]   # an even row stride: complex view
+    out.copy_(v)
+    torch.view_as_complex(out[..., :2 * S].unflatten(-1, (S, 2))).mul_(u)
     return out
+
+def _pairs(v, S):
+    "The pairs (2j, 2j+1), j < S, of v (..., N) as a complex view (..., S)."
+    return torch.view_as_complex(v[..., :2 * S].unflatten(-1, (S, 2)))
 
 class _Rotated(torch.autograd.Function):
     "(B̃, C̃) = (`rotate_pairs`(B, φ), `rotate_pairs`(C, φ)): B, C (..., N), phi (..., S) broadcasting to them."
     @staticmethod
     def forward(ctx, B, C, phi):
-        cos, sin = torch.cos(phi), torch.sin(phi)
-        Bt, Ct = _rotate_inplace_pairs(B, cos, sin), _rotate_inplace_pairs(C, cos, sin)
-        ctx.save_for_backward(cos, sin, Bt, Ct)
+        u = torch.polar(torch.ones_like(phi), phi)                          # e^{iφ}
+        Bt, Ct = _turned(B, u), _turned(C, u)
+        ctx.save_for_backward(u, Bt, Ct)
         return Bt, Ct
 
     @staticmethod
     def backward(ctx, gB, gC):
-        cos, sin, Bt, Ct = ctx.saved_tensors
-        S, grads, g_phi = cos.shape[-1], [], 0
+        u, Bt, Ct = ctx.saved_tensors
+        S, grads, g_phi = u.shape[-1], [], 0
         for g, vt in ((gB, Bt), (gC, Ct)):
             if g is None: grads.append(None); continue
-            grads.append(_rotate_inplace_pairs(g, cos, sin, -1.0))           # R(−φ) ∂ṽ
-            gp, vp = g[..., :2 * S].unflatten(-1, (S, 2)), vt[..., :2 * S].unflatten(-1, (S, 2))
-            g_phi = g_phi + torch.addcmul(gp[..., 1] * vp[..., 0], gp[..., 0], vp[..., 1], value=-1.0)
-        return grads[0], grads[1], g_phi.sum_to_size(cos.shape)
+            g = _turned(g, u.conj())                                        # e^{-iφ} ∂ṽ ...
+            grads.append(g)
+            g_phi = g_phi + (_pairs(g, S) * _pairs(vt, S).conj() * u).imag   # ... and Im(∂ṽ conj(ṽ)) = Im(e^{-iφ}∂ṽ conj(ṽ) e^{iφ})
+        return grads[0], grads[1], g_phi.sum_to_size(u.shape)
 
 # %% ../nbs/00_ssd.ipynb #65168138
 def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, seq_idx=None):
@@ -532,8 +535,11 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset, chunked=True)   # Φ (b, H, n_c, L, S)
     a_c, g_c, s_c = (_to_chunks(t, L) for t in (adt, gamma, sigma))     # ΔA, γ, σ (b, H, n_c, L)
     nc = a_c.shape[2]
-    Bc, Cc, Xc = (_to_chunks(t, L) for t in (z.B, z.C, z.x))            # (b, H, n_c, L, R, N | N | P)
-    if phi.shape[-1]: Bc, Cc = _Rotated.apply(Bc, Cc, phi[..., None, :])   # B̃, C̃
+    Bc, Cc, Xc = (_to_chunks(t, L).contiguous() for t in (z.B, z.C, z.x))   # (b, H, n_c, L, R, N | N | P), in that order
+    if phi.shape[-1] and torch.compiler.is_compiling():               # B̃, C̃ (no complex kernels in Inductor)
+        tables = rotation_tables(phi[..., None, :], Bc.shape[-1])
+        Bc, Cc = rotate_pairs(Bc, phi[..., None, :], tables), rotate_pairs(Cc, phi[..., None, :], tables)
+    elif phi.shape[-1]: Bc, Cc = _Rotated.apply(Bc, Cc, phi[..., None, :])
     rows = lambda t: t.reshape(b, H, nc, L * R, t.shape[-1])
     per_row = lambda t: t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
     Q, K, V = rows(Cc), rows(Bc), rows(Xc)                              # (b, H, n_c, L·R, N | N | P)
