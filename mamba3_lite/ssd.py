@@ -420,21 +420,42 @@ def seed_state(h, k, v, eps0):
     "The carried state h'_{-1} = h̃ + ε_0 Σ_r v_r k_rᵀ a run from a cache starts with (no α_0): h (b, H, P, N), k (b, H, R, N), v (b, H, R, P), eps0 (b, H)."
     return h + eps0[..., None, None] * torch.einsum('bhrp,bhrn->bhpn', v, k)
 
+class _Carried(torch.autograd.Function):
+    """The loop of `pass_states`, one fused multiply-add per chunk, into one preallocated H_in; its backward is the reverse
+    loop written out: Ḡ_c = ∂H_in[c] + e^{g_c} Ḡ_{c+1} (Ḡ_{n_c}: the final state's), ∂S_c = Ḡ_{c+1}, ∂g_c = e^{g_c} Σ Ḡ_{c+1} ⊙ H_in[c]."""
+    @staticmethod
+    def forward(ctx, log_decay, s_loc, h_seed):
+        nc = s_loc.shape[2]
+        e = torch.exp(log_decay)[..., None, None]                           # (b, H, n_c, 1, 1)
+        h_in = torch.empty_like(s_loc, memory_format=torch.contiguous_format)
+        h_in[:, :, 0] = h_seed
+        for c in range(nc - 1):
+            torch.addcmul(s_loc[:, :, c], e[:, :, c], h_in[:, :, c], out=h_in[:, :, c + 1])
+        h_run = torch.addcmul(s_loc[:, :, -1], e[:, :, -1], h_in[:, :, -1])
+        ctx.save_for_backward(e, h_in)
+        return h_in, h_run
+
+    @staticmethod
+    def backward(ctx, g_in, g_run):
+        e, h_in = ctx.saved_tensors
+        if g_in is None: g_in = torch.zeros_like(h_in)
+        g_s = torch.empty_like(h_in)                                        # ∂S_c = Ḡ_{c+1}
+        g_s[:, :, -1] = 0 if g_run is None else g_run
+        for c in range(h_in.shape[2] - 1, 0, -1):
+            torch.addcmul(g_in[:, :, c], e[:, :, c], g_s[:, :, c], out=g_s[:, :, c - 1])
+        g_seed = torch.addcmul(g_in[:, :, 0], e[:, :, 0], g_s[:, :, 0])
+        return (g_s * h_in).sum((-2, -1)) * e[..., 0, 0], g_s, g_seed
+
 def pass_states(log_decay, s_loc, h_seed, block=None):
     """State passing H_in[c+1] = e^{g_c} H_in[c] + S_c, H_in[0] = h_seed: log_decay g (b, H, n_c) (−∞ allowed),
     s_loc (b, H, n_c, P, N), h_seed (b, H, P, N) -> (H_in (b, H, n_c, P, N), the final state (b, H, P, N)).
-    block = 1: a loop over the chunks. block > 1: within each block of `block` chunks one matrix product with the decays
+    block = 1: a loop over the chunks (`_Carried`). block > 1: within each block of `block` chunks one matrix product with the decays
     between chunks (e^{g_c + ... + g_{z-1}}, lower-triangular), between blocks a loop of ⌈n_c/block⌉ steps; `block` times
     the arithmetic of the loop in a few large ops. None: 32 when a state (b·H·P·N numbers) is small enough that the loop's
     per-op overhead dominates (<= 2^15), else 1."""
     b, H, nc, P, N = s_loc.shape
     if block is None: block = 32 if b * H * P * N <= 2 ** 15 else 1
-    if block == 1:
-        h_in, h_run = [], h_seed
-        for g_c, s_c in zip(torch.exp(log_decay).unbind(2), s_loc.unbind(2)):
-            h_in.append(h_run)
-            h_run = g_c[:, :, None, None] * h_run + s_c
-        return torch.stack(h_in, 2), h_run
+    if block == 1: return _Carried.apply(log_decay, s_loc, h_seed)
     M = min(nc, block)
     nb = -(-nc // M)
     g = F.pad(log_decay, (0, nb * M - nc)).view(b, H, nb, M)                # padding chunks: e^0 = 1, S = 0
@@ -450,6 +471,8 @@ def pass_states(log_decay, s_loc, h_seed, block=None):
     return h_in.view(b, H, nc, P, N), h_run.view(b, H, P, N)
 
 # %% ../nbs/00_ssd.ipynb #6d9f75fd
+_LOG2_E = 1 / math.log(2)
+
 class _Decayed(torch.autograd.Function):
     """The weighted scores of a chunk: QK (..., L·R, L·R) = C̃_l · B̃_s, a, sigma, gamma (..., L) -> (G, to_end):
     G = QK ⊙ (M ⊗ 1_{R×R}) with M_ls = e^{a_l − a_s} σ_s for l > s, M_ll = γ_l, 0 above (exponents <= 0), and
@@ -457,7 +480,7 @@ class _Decayed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, QK, a, sigma, gamma):
         L = a.shape[-1]
-        E = torch.exp(segsum(a))                                            # e^{a_l - a_s} for l >= s, 1 on the diagonal
+        E = torch.exp2(segsum(a) * _LOG2_E)          # e^{a_l - a_s} for l >= s, 1 on the diagonal (exp2: see above)
         M = E * sigma[..., None, :]
         to_end = M[..., -1, :].clone()
         M.diagonal(dim1=-2, dim2=-1).copy_(gamma)
