@@ -480,7 +480,7 @@ class _Decayed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, QK, a, sigma, gamma):
         L = a.shape[-1]
-        E = torch.exp2(segsum(a) * _LOG2_E)          # e^{a_l - a_s} for l >= s, 1 on the diagonal (exp2: see above)
+        E = torch.exp2(segsum(a * _LOG2_E))          # e^{a_l - a_s} for l >= s, 1 on the diagonal (exp2: see above)
         M = E * sigma[..., None, :]
         to_end = M[..., -1, :].clone()
         M.diagonal(dim1=-2, dim2=-1).copy_(gamma)
@@ -499,10 +499,12 @@ class _Decayed(torch.autograd.Function):
         g_gamma = gM.diagonal(dim1=-2, dim2=-1).clone()
         gM.diagonal(dim1=-2, dim2=-1).zero_()                               # (the diagonal is γ, not a decayed σ)
         if g_end is not None: gM[..., -1, :] += g_end
-        P = gM * E
-        gS = P * sigma[..., None, :]                                        # ∂ / ∂segsum(a)_{ls}
-        before = gS.cumsum(-1) - gS                                         # Σ_{s<r} gS_{ls} at column r
-        return gQK.reshape(QK.shape), before.tril().sum(-2), P.sum(-2), g_gamma   # ∂a: summed over l >= r
+        P = gM * E                                                          # zero above the diagonal
+        g_sigma = P.sum(-2)
+        # ∂a_r = Σ_{l>=r>s} σ_s P_ls = Σ_{l>=r} (row sums of σP)_l − Σ_{s>=r} (column sums of σP)_s, as σP is zero above
+        # the diagonal (its diagonal cancels): one reversed cumsum of L numbers instead of an L×L one
+        d = (P * sigma[..., None, :]).sum(-1) - sigma * g_sigma
+        return gQK.reshape(QK.shape), d.flip(-1).cumsum(-1).flip(-1), g_sigma, g_gamma
 
 def _blocks(t, L):
     "(..., L·R, L·R) -> (..., L, R, L, R): the R×R block of each (token, token) pair."
