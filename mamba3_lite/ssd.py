@@ -474,42 +474,36 @@ def pass_states(log_decay, s_loc, h_seed, block=None):
 _LOG2_E = 1 / math.log(2)
 
 class _Decayed(torch.autograd.Function):
-    """The weighted scores of a chunk: QK (..., L·R, L·R) = C̃_l · B̃_s, a, sigma, gamma (..., L) -> (G, to_end):
-    G = QK ⊙ (M ⊗ 1_{R×R}) with M_ls = e^{a_l − a_s} σ_s for l > s, M_ll = γ_l, 0 above (exponents <= 0), and
-    to_end_s = e^{a_{L-1} − a_s} σ_s, the weights of the chunk state."""
+    """The weights of a chunk: a, sigma, gamma (..., L) -> (M, to_end): M_ls = e^{a_l − a_s} σ_s for l > s, M_ll = γ_l,
+    0 above (exponents <= 0), and to_end_s = e^{a_{L-1} − a_s} σ_s, the weights of the chunk state."""
     @staticmethod
-    def forward(ctx, QK, a, sigma, gamma):
-        L = a.shape[-1]
+    def forward(ctx, a, sigma, gamma):
         E = torch.exp2(segsum(a * _LOG2_E))          # e^{a_l - a_s} for l >= s, 1 on the diagonal (exp2: see above)
         M = E * sigma[..., None, :]
         to_end = M[..., -1, :].clone()
         M.diagonal(dim1=-2, dim2=-1).copy_(gamma)
-        ctx.save_for_backward(QK, E, M, sigma)
-        G = QK * M if QK.shape[-1] == L else (_blocks(QK, L) * M[..., :, None, :, None]).reshape(QK.shape)
-        return G, to_end
+        ctx.save_for_backward(E, sigma)
+        return M, to_end
 
     @staticmethod
-    def backward(ctx, gG, g_end):
-        QK, E, M, sigma = ctx.saved_tensors
-        L = E.shape[-1]
-        if QK.shape[-1] == L: gQK, gM = gG * M, gG * QK
-        else:
-            g4 = _blocks(gG, L)
-            gQK, gM = g4 * M[..., :, None, :, None], (g4 * _blocks(QK, L)).sum((-3, -1))
-        g_gamma = gM.diagonal(dim1=-2, dim2=-1).clone()
-        gM.diagonal(dim1=-2, dim2=-1).zero_()                               # (the diagonal is γ, not a decayed σ)
-        if g_end is not None: gM[..., -1, :] += g_end
-        P = gM * E                                                          # zero above the diagonal
+    def backward(ctx, gM, g_end):
+        E, sigma = ctx.saved_tensors
+        P = torch.zeros_like(E) if gM is None else gM * E                   # ∂(E_ls σ_s) E_ls, zero above the diagonal
+        g_gamma = P.diagonal(dim1=-2, dim2=-1).clone()                      # (E is 1 on the diagonal)
+        P.diagonal(dim1=-2, dim2=-1).zero_()                                # (the diagonal is γ, not a decayed σ)
+        if g_end is not None: P[..., -1, :] += g_end * E[..., -1, :]
         g_sigma = P.sum(-2)
         # ∂a_r = Σ_{l>=r>s} σ_s P_ls = Σ_{l>=r} (row sums of σP)_l − Σ_{s>=r} (column sums of σP)_s, as σP is zero above
         # the diagonal (its diagonal cancels): one reversed cumsum of L numbers instead of an L×L one
         d = (P * sigma[..., None, :]).sum(-1) - sigma * g_sigma
-        return gQK.reshape(QK.shape), d.flip(-1).cumsum(-1).flip(-1), g_sigma, g_gamma
+        return d.flip(-1).cumsum(-1).flip(-1), g_sigma, g_gamma
 
-def _blocks(t, L):
-    "(..., L·R, L·R) -> (..., L, R, L, R): the R×R block of each (token, token) pair."
-    R = t.shape[-1] // L
-    return t.view(*t.shape[:-2], L, R, L, R)
+def _weighted(QK, M):
+    "QK (..., L·R, L·R) ⊙ (M ⊗ 1_{R×R}), M (..., L, L): each weight on its R×R block of (token, token) scores."
+    L = M.shape[-1]
+    if QK.shape[-1] == L: return QK * M
+    R = QK.shape[-1] // L
+    return (QK.unflatten(-1, (L, R)).unflatten(-3, (L, R)) * M[..., :, None, :, None]).reshape(QK.shape)
 
 # %% ../nbs/00_ssd.ipynb #0d0f5ec4
 def _turned(v, u):
@@ -568,10 +562,11 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     rows = lambda t: t.reshape(b, H, nc, L * R, t.shape[-1])
     per_row = lambda t: t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
     Q, K, V = rows(Cc), rows(Bc), rows(Xc)                              # (b, H, n_c, L·R, N | N | P)
-    G, to_end = _Decayed.apply(Q @ K.transpose(-1, -2), a_c, s_c, g_c)  # (C̃_l · B̃_s) M_ls; e^{a_{L-1} - a_s} σ_s
+    M, to_end = _Decayed.apply(a_c, s_c, g_c)                           # M (b, H, n_c, L, L); e^{a_{L-1} - a_s} σ_s
     s_loc = (per_row(to_end)[..., None] * V).transpose(-1, -2) @ K      # chunk states S_c (b, H, n_c, P, N)
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
     h_in, h_run = pass_states(a_cum[..., -1], s_loc, h_seed)            # H_in (b, H, n_c, P, N), the final state
+    G = _weighted(Q @ K.transpose(-1, -2), M)                           # (C̃_l · B̃_s) M_ls (b, H, n_c, L·R, L·R)
     y_state = per_row(torch.exp(a_cum))[..., None] * (Q @ h_in.transpose(-1, -2))   # (b, H, n_c, L·R, P)
     if D is not None: y_state = y_state + z.D[:, None, None, None] * V
     flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
