@@ -420,6 +420,7 @@ def seed_state(h, k, v, eps0):
     "The carried state h'_{-1} = h̃ + ε_0 Σ_r v_r k_rᵀ a run from a cache starts with (no α_0): h (b, H, P, N), k (b, H, R, N), v (b, H, R, P), eps0 (b, H)."
     return h + eps0[..., None, None] * torch.einsum('bhrp,bhrn->bhpn', v, k)
 
+# %% ../nbs/00_ssd.ipynb #5ae571f5
 class _Carried(torch.autograd.Function):
     """The loop of `pass_states`, one fused multiply-add per chunk, into one preallocated H_in; its backward is the reverse
     loop written out: Ḡ_c = ∂H_in[c] + e^{g_c} Ḡ_{c+1} (Ḡ_{n_c}: the final state's), ∂S_c = Ḡ_{c+1}, ∂g_c = e^{g_c} Σ Ḡ_{c+1} ⊙ H_in[c]."""
