@@ -523,7 +523,7 @@ class _Rotated(torch.autograd.Function):
     "(B̃, C̃) = (`rotate_pairs`(B, φ), `rotate_pairs`(C, φ)): B, C (..., N), phi (..., S) broadcasting to them."
     @staticmethod
     def forward(ctx, B, C, phi):
-        u = torch.polar(torch.ones_like(phi), phi)                          # e^{iφ}
+        u = torch.complex(torch.cos(phi), torch.sin(phi))                   # e^{iφ} (faster than torch.polar on a CPU)
         Bt, Ct = _turned(B, u), _turned(C, u)
         ctx.save_for_backward(u, Bt, Ct)
         return Bt, Ct
@@ -546,6 +546,7 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
         raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
     z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx)
     b, T, H, R, P = z.x.shape
+    N = z.B.shape[-1]
     L = chunk_size
     phi0, h0, k0, v0 = z.state
     # pre-pass over the real tokens, before any padding
@@ -564,13 +565,13 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     per_row = lambda t: t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
     Q, K, V = rows(Cc), rows(Bc), rows(Xc)                              # (b, H, n_c, L·R, N | N | P)
     M, to_end = _Decayed.apply(a_c, s_c, g_c)                           # M (b, H, n_c, L, L); e^{a_{L-1} - a_s} σ_s
-    s_loc = (per_row(to_end)[..., None] * V).transpose(-1, -2) @ K      # chunk states S_c (b, H, n_c, P, N)
+    flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
+    s_loc = torch.bmm(flat(per_row(to_end)[..., None] * V).transpose(1, 2), flat(K)).view(b, H, nc, P, N)   # chunk states S_c
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
     h_in, h_run = pass_states(a_cum[..., -1], s_loc, h_seed)            # H_in (b, H, n_c, P, N), the final state
     G = _weighted(Q @ K.transpose(-1, -2), M)                           # (C̃_l · B̃_s) M_ls (b, H, n_c, L·R, L·R)
     y_state = per_row(torch.exp(a_cum))[..., None] * (Q @ h_in.transpose(-1, -2))   # (b, H, n_c, L·R, P)
     if D is not None: y_state = y_state + z.D[:, None, None, None] * V
-    flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
     y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part and the diagonal
     last = lambda t: t.reshape(b, H, nc * L, *t.shape[4:])[:, :, T - 1]   # token T-1 of a chunk-layout tensor
     return (_pack_y(_from_chunks(y.view(b, H, nc, L, R, P), T), x, z.mimo),
