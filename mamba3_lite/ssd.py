@@ -553,14 +553,15 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     adt, gamma, eps, sigma = scan_scalars(z.dt, z.A, z.lam, z.reset)           # ΔA, γ, ε, σ (b, T, H)
     h_seed = h0 if initial_state is None else seed_state(h0, k0, v0, eps[:, 0])   # h'_{-1} (b, H, P, N), no α₀ (zero: none)
     # from here on the chunk layout (b, H, n_c, L, ...); (token, rank) flattened into L·R rows for the products
-    phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset, chunked=True)   # Φ (b, H, n_c, L, S)
+    S = z.theta.shape[-1]
+    if S: phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset, chunked=True)   # Φ (b, H, n_c, L, S)
     a_c, g_c, s_c = (_to_chunks(t, L) for t in (adt, gamma, sigma))     # ΔA, γ, σ (b, H, n_c, L)
     nc = a_c.shape[2]
     Bc, Cc, Xc = (_to_chunks(t, L).contiguous() for t in (z.B, z.C, z.x))   # (b, H, n_c, L, R, N | N | P), in that order
-    if phi.shape[-1] and torch.compiler.is_compiling():               # B̃, C̃ (no complex kernels in Inductor)
-        tables = rotation_tables(phi[..., None, :], Bc.shape[-1])
+    if S and torch.compiler.is_compiling():                           # B̃, C̃ (no complex kernels in Inductor)
+        tables = rotation_tables(phi[..., None, :], N)
         Bc, Cc = rotate_pairs(Bc, phi[..., None, :], tables), rotate_pairs(Cc, phi[..., None, :], tables)
-    elif phi.shape[-1]: Bc, Cc = _Rotated.apply(Bc, Cc, phi[..., None, :])
+    elif S: Bc, Cc = _Rotated.apply(Bc, Cc, phi[..., None, :])
     rows = lambda t: t.reshape(b, H, nc, L * R, t.shape[-1])
     per_row = lambda t: t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
     Q, K, V = rows(Cc), rows(Bc), rows(Xc)                              # (b, H, n_c, L·R, N | N | P)
@@ -575,7 +576,7 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part and the diagonal
     last = lambda t: t.reshape(b, H, nc * L, *t.shape[4:])[:, :, T - 1]   # token T-1 of a chunk-layout tensor
     return (_pack_y(_from_chunks(y.view(b, H, nc, L, R, P), T), x, z.mimo),
-            _pack_state(last(phi), h_run, last(Bc), z.x[:, -1], z.mimo))
+            _pack_state(last(phi) if S else phi0, h_run, last(Bc), z.x[:, -1], z.mimo))
 
 # %% ../nbs/00_ssd.ipynb #e85d3b33
 def seq_idx_from_eos(ids, eos_id):
