@@ -194,7 +194,7 @@ class _Inputs(NamedTuple):
     B: Tensor        # (b, T, H, R, N)
     C: Tensor        # (b, T, H, R, N)
     lam: Tensor      # (b, T, H)
-    theta: Tensor    # (b, T, H, S)
+    theta: Tensor    # (b, T, H, S), or (b, T, 1, S) when the heads share the angle logits
     D: Tensor        # (H,)
     state: SSDState  # angle (b, H, S), h (b, H, P, N), k (b, H, R, N), v (b, H, R, P)
     mimo: bool
@@ -258,7 +258,7 @@ def _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx=None) -> _Inp
     f = lambda t: t.to(dtype=cd, device=dev)
     ranked = (lambda t: f(t)) if mimo else (lambda t: f(t).unsqueeze(-2))
     th = torch.zeros(b, T, H, 0, dtype=cd, device=dev) if theta is None else f(theta)
-    if th.dim() == 3: th = th[:, :, None, :].expand(b, T, H, S)
+    if th.dim() == 3: th = th[:, :, None, :]      # shared by the heads: π·tanh(θ) is then formed once per token
     if initial_state is None:
         zeros = lambda *s: torch.zeros(*s, dtype=cd, device=dev)
         st = SSDState(zeros(b, H, S), zeros(b, H, P, N), zeros(b, H, R, N), zeros(b, H, R, P))
@@ -376,11 +376,12 @@ def _from_chunks(t, T):
     b, H, nc, L, *rest = t.shape
     return t.reshape(b, H, nc * L, *rest)[:, :, :T].transpose(1, 2)
 
-def cumulative_angle(delta, angle0, chunk_size, reset=None):
+def cumulative_angle(delta, angle0, chunk_size, reset=None, chunked=False):
     """Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus the carry into each chunk (a cumsum of the chunk totals),
-    wrapped once, in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S). reset (b, T) bool restarts the sum at each
-    document start (Φ_t = δ_t there, §11)."""
-    if delta.shape[-1] == 0: return delta                                 # no angles (S = 0)
+    wrapped once, in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S), or with chunked=True the chunk layout
+    (b, H, n_c, L, S) that `ssd_chunked` works in (padding tokens hold the last angle). reset (b, T) bool restarts the sum
+    at each document start (Φ_t = δ_t there, §11)."""
+    if delta.shape[-1] == 0: return _to_chunks(delta, chunk_size) if chunked else delta   # no angles (S = 0)
     local = _to_chunks(delta.double(), chunk_size).cumsum(3)              # (b, H, n_c, L, S)
     carried = None                                                        # does the carry reach token l? (b, H, n_c, L, 1)
     if reset is not None:
@@ -401,8 +402,8 @@ def cumulative_angle(delta, angle0, chunk_size, reset=None):
         since = before - before.gather(2, m.clamp_min(0)[..., None].expand_as(before))
         carry = since + torch.where((m < 0)[..., None], a0, 0.0)          # Φ_{-1} only where no start came before
     start = carry[:, :, :, None]                                          # (b, H, n_c, 1, S), not wrapped: one wrap below
-    phi = wrap_angle((start if carried is None else carried * start) + local)
-    return _from_chunks(phi, delta.shape[1]).to(delta.dtype)
+    phi = wrap_angle((start if carried is None else carried * start) + local).to(delta.dtype)
+    return phi if chunked else _from_chunks(phi, delta.shape[1])
 
 # %% ../nbs/00_ssd.ipynb #a8c7fcf2
 def scan_scalars(dt, A, lam, reset=None):
@@ -419,38 +420,43 @@ def seed_state(h, k, v, eps0):
     "The carried state h'_{-1} = h̃ + ε_0 Σ_r v_r k_rᵀ a run from a cache starts with (no α_0): h (b, H, P, N), k (b, H, R, N), v (b, H, R, P), eps0 (b, H)."
     return h + eps0[..., None, None] * torch.einsum('bhrp,bhrn->bhpn', v, k)
 
-class _Decayed(torch.autograd.Function):
-    """G = M ⊙ W with the decay matrix W = e^{segsum(a, strict)}: M (..., L, L), a (..., L) -> (G, W). Its backward is
-    written out: ∂W/∂segsum = W gives ∂a_r = Σ_{l >= r > s} (∂G ⊙ G)_{ls}, a row cumsum and a column sum (no flips)."""
+# %% ../nbs/00_ssd.ipynb #5ae571f5
+class _Carried(torch.autograd.Function):
+    """The loop of `pass_states`, one fused multiply-add per chunk, into one preallocated H_in; its backward is the reverse
+    loop written out: Ḡ_c = ∂H_in[c] + e^{g_c} Ḡ_{c+1} (Ḡ_{n_c}: the final state's), ∂S_c = Ḡ_{c+1}, ∂g_c = e^{g_c} Σ Ḡ_{c+1} ⊙ H_in[c]."""
     @staticmethod
-    def forward(ctx, M, a):
-        W = torch.exp(segsum(a, strict=True))
-        G = M * W
-        ctx.save_for_backward(W, G)
-        return G, W
+    def forward(ctx, log_decay, s_loc, h_seed):
+        nc = s_loc.shape[2]
+        e = torch.exp(log_decay)[..., None, None]                           # (b, H, n_c, 1, 1)
+        h_in = torch.empty_like(s_loc, memory_format=torch.contiguous_format)
+        h_in[:, :, 0] = h_seed
+        for c in range(nc - 1):
+            torch.addcmul(s_loc[:, :, c], e[:, :, c], h_in[:, :, c], out=h_in[:, :, c + 1])
+        h_run = torch.addcmul(s_loc[:, :, -1], e[:, :, -1], h_in[:, :, -1])
+        ctx.save_for_backward(e, h_in)
+        return h_in, h_run
 
     @staticmethod
-    def backward(ctx, gG, gW):
-        W, G = ctx.saved_tensors
-        gS = gG * G if gW is None else gG * G + gW * W                     # ∂ / ∂segsum(a)_{ls}
-        before = gS.cumsum(-1) - gS                                         # Σ_{s<r} gS_{ls} at column r
-        return gG * W, before.tril().sum(-2)                                # ... summed over l >= r
+    def backward(ctx, g_in, g_run):
+        e, h_in = ctx.saved_tensors
+        if g_in is None: g_in = torch.zeros_like(h_in)
+        g_s = torch.empty_like(h_in)                                        # ∂S_c = Ḡ_{c+1}
+        g_s[:, :, -1] = 0 if g_run is None else g_run
+        for c in range(h_in.shape[2] - 1, 0, -1):
+            torch.addcmul(g_in[:, :, c], e[:, :, c], g_s[:, :, c], out=g_s[:, :, c - 1])
+        g_seed = torch.addcmul(g_in[:, :, 0], e[:, :, 0], g_s[:, :, 0])
+        return (g_s * h_in).sum((-2, -1)) * e[..., 0, 0], g_s, g_seed
 
 def pass_states(log_decay, s_loc, h_seed, block=None):
     """State passing H_in[c+1] = e^{g_c} H_in[c] + S_c, H_in[0] = h_seed: log_decay g (b, H, n_c) (−∞ allowed),
     s_loc (b, H, n_c, P, N), h_seed (b, H, P, N) -> (H_in (b, H, n_c, P, N), the final state (b, H, P, N)).
-    block = 1: a loop over the chunks. block > 1: within each block of `block` chunks one matrix product with the decays
+    block = 1: a loop over the chunks (`_Carried`). block > 1: within each block of `block` chunks one matrix product with the decays
     between chunks (e^{g_c + ... + g_{z-1}}, lower-triangular), between blocks a loop of ⌈n_c/block⌉ steps; `block` times
     the arithmetic of the loop in a few large ops. None: 32 when a state (b·H·P·N numbers) is small enough that the loop's
     per-op overhead dominates (<= 2^15), else 1."""
     b, H, nc, P, N = s_loc.shape
     if block is None: block = 32 if b * H * P * N <= 2 ** 15 else 1
-    if block == 1:
-        h_in, h_run = [], h_seed
-        for g_c, s_c in zip(torch.exp(log_decay).unbind(2), s_loc.unbind(2)):
-            h_in.append(h_run)
-            h_run = g_c[:, :, None, None] * h_run + s_c
-        return torch.stack(h_in, 2), h_run
+    if block == 1: return _Carried.apply(log_decay, s_loc, h_seed)
     M = min(nc, block)
     nb = -(-nc // M)
     g = F.pad(log_decay, (0, nb * M - nc)).view(b, H, nb, M)                # padding chunks: e^0 = 1, S = 0
@@ -465,6 +471,74 @@ def pass_states(log_decay, s_loc, h_seed, block=None):
     h_in = (rows[0] if nb == 1 else torch.cat(rows, 2))[:, :, :nc]
     return h_in.view(b, H, nc, P, N), h_run.view(b, H, P, N)
 
+# %% ../nbs/00_ssd.ipynb #6d9f75fd
+_LOG2_E = 1 / math.log(2)
+
+class _Decayed(torch.autograd.Function):
+    """The weights of a chunk: a, sigma, gamma (..., L) -> (M, to_end): M_ls = e^{a_l − a_s} σ_s for l > s, M_ll = γ_l,
+    0 above (exponents <= 0), and to_end_s = e^{a_{L-1} − a_s} σ_s, the weights of the chunk state."""
+    @staticmethod
+    def forward(ctx, a, sigma, gamma):
+        E = torch.exp2(segsum(a * _LOG2_E))          # e^{a_l - a_s} for l >= s, 1 on the diagonal (exp2: see above)
+        M = E * sigma[..., None, :]
+        to_end = M[..., -1, :].clone()
+        M.diagonal(dim1=-2, dim2=-1).copy_(gamma)
+        ctx.save_for_backward(E, sigma)
+        return M, to_end
+
+    @staticmethod
+    def backward(ctx, gM, g_end):
+        E, sigma = ctx.saved_tensors
+        P = torch.zeros_like(E) if gM is None else gM * E                   # ∂(E_ls σ_s) E_ls, zero above the diagonal
+        g_gamma = P.diagonal(dim1=-2, dim2=-1).clone()                      # (E is 1 on the diagonal)
+        P.diagonal(dim1=-2, dim2=-1).zero_()                                # (the diagonal is γ, not a decayed σ)
+        if g_end is not None: P[..., -1, :] += g_end * E[..., -1, :]
+        g_sigma = P.sum(-2)
+        # ∂a_r = Σ_{l>=r>s} σ_s P_ls = Σ_{l>=r} (row sums of σP)_l − Σ_{s>=r} (column sums of σP)_s, as σP is zero above
+        # the diagonal (its diagonal cancels): one reversed cumsum of L numbers instead of an L×L one
+        d = (P * sigma[..., None, :]).sum(-1) - sigma * g_sigma
+        return d.flip(-1).cumsum(-1).flip(-1), g_sigma, g_gamma
+
+def _weighted(QK, M):
+    "QK (..., L·R, L·R) ⊙ (M ⊗ 1_{R×R}), M (..., L, L): each weight on its R×R block of (token, token) scores."
+    L = M.shape[-1]
+    if QK.shape[-1] == L: return QK * M
+    R = QK.shape[-1] // L
+    return (QK.unflatten(-1, (L, R)).unflatten(-3, (L, R)) * M[..., :, None, :, None]).reshape(QK.shape)
+
+# %% ../nbs/00_ssd.ipynb #0d0f5ec4
+def _turned(v, u):
+    "A copy of v (..., N) whose pairs (2j, 2j+1), j < S, as complex numbers are multiplied by u (..., S): by e^{iφ}, rotated by φ."
+    S, N = u.shape[-1], v.shape[-1]
+    out = torch.empty(*v.shape[:-1], N + N % 2, dtype=v.dtype, device=v.device)[..., :N]   # an even row stride: complex view
+    out.copy_(v)
+    torch.view_as_complex(out[..., :2 * S].unflatten(-1, (S, 2))).mul_(u)
+    return out
+
+def _pairs(v, S):
+    "The pairs (2j, 2j+1), j < S, of v (..., N) as a complex view (..., S)."
+    return torch.view_as_complex(v[..., :2 * S].unflatten(-1, (S, 2)))
+
+class _Rotated(torch.autograd.Function):
+    "(B̃, C̃) = (`rotate_pairs`(B, φ), `rotate_pairs`(C, φ)): B, C (..., N), phi (..., S) broadcasting to them."
+    @staticmethod
+    def forward(ctx, B, C, phi):
+        u = torch.complex(torch.cos(phi), torch.sin(phi))                   # e^{iφ} (faster than torch.polar on a CPU)
+        Bt, Ct = _turned(B, u), _turned(C, u)
+        ctx.save_for_backward(u, Bt, Ct)
+        return Bt, Ct
+
+    @staticmethod
+    def backward(ctx, gB, gC):
+        u, Bt, Ct = ctx.saved_tensors
+        S, grads, g_phi = u.shape[-1], [], 0
+        for g, vt in ((gB, Bt), (gC, Ct)):
+            if g is None: grads.append(None); continue
+            g = _turned(g, u.conj())                                        # e^{-iφ} ∂ṽ ...
+            grads.append(g)
+            g_phi = g_phi + (_pairs(g, S) * _pairs(vt, S).conj() * u).imag   # ... and Im(∂ṽ conj(ṽ)) = Im(e^{-iφ}∂ṽ conj(ṽ) e^{iφ})
+        return grads[0], grads[1], g_phi.sum_to_size(u.shape)
+
 # %% ../nbs/00_ssd.ipynb #65168138
 def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, seq_idx=None):
     "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive` (seq_idx included), any T, any chunk_size >= 1."
@@ -472,40 +546,37 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
         raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
     z = _prepare(x, dt, A, B, C, lam, theta, D, initial_state, seq_idx)
     b, T, H, R, P = z.x.shape
+    N = z.B.shape[-1]
     L = chunk_size
     phi0, h0, k0, v0 = z.state
     # pre-pass over the real tokens, before any padding
     adt, gamma, eps, sigma = scan_scalars(z.dt, z.A, z.lam, z.reset)           # ΔA, γ, ε, σ (b, T, H)
-    phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset)   # (b, T, H, S)
-    tables = rotation_tables(phi[:, :, :, None], z.B.shape[-1]) if phi.shape[-1] else None   # cos, ±sin (b, T, H, 1, N)
-    Bt = rotate_pairs(z.B, phi[:, :, :, None], tables)                  # B̃ (b, T, H, R, N)
-    Ct = rotate_pairs(z.C, phi[:, :, :, None], tables)                  # C̃ (b, T, H, R, N)
-    K = sigma[..., None, None] * Bt                                     # scaled keys
     h_seed = h0 if initial_state is None else seed_state(h0, k0, v0, eps[:, 0])   # h'_{-1} (b, H, P, N), no α₀ (zero: none)
-    # chunks (b, H, n_c, L, ...), with (token, rank) flattened into L·R rows
-    a_c = _to_chunks(adt, L)                                            # (b, H, n_c, L)
+    # from here on the chunk layout (b, H, n_c, L, ...); (token, rank) flattened into L·R rows for the products
+    S = z.theta.shape[-1]
+    if S: phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset, chunked=True)   # Φ (b, H, n_c, L, S)
+    a_c, g_c, s_c = (_to_chunks(t, L) for t in (adt, gamma, sigma))     # ΔA, γ, σ (b, H, n_c, L)
     nc = a_c.shape[2]
-    rows = lambda t: _to_chunks(t, L).reshape(b, H, nc, L * R, t.shape[-1])
-    per_row = lambda t: t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
-    Q, Kc, V = rows(Ct), rows(K), rows(z.x)                             # (b, H, n_c, L·R, N | N | P)
-    QK = Q @ Kc.transpose(-1, -2)                                       # C̃_l · K_s (b, H, n_c, L·R, L·R)
-    if R == 1: G, W = _Decayed.apply(QK, a_c)                           # (C̃_l · K_s) e^{a_l - a_s} [l > s], exponents <= 0
-    else:                                                               # strictly causal in tokens, ⊗ 1_{R×R}
-        W = torch.exp(segsum(a_c, strict=True))
-        G = QK * W.repeat_interleave(R, -2).repeat_interleave(R, -1)
-    to_end = per_row(F.pad(W[..., -1, :-1], (0, 1), value=1.0))         # W's last row: e^{a_{L-1} - a_s} (b, H, n_c, L·R)
-    s_loc = V.transpose(-1, -2) @ (to_end[..., None] * Kc)              # chunk states S_c (b, H, n_c, P, N)
+    Bc, Cc, Xc = (_to_chunks(t, L).contiguous() for t in (z.B, z.C, z.x))   # (b, H, n_c, L, R, N | N | P), in that order
+    if S and torch.compiler.is_compiling():                           # B̃, C̃ (no complex kernels in Inductor)
+        tables = rotation_tables(phi[..., None, :], N)
+        Bc, Cc = rotate_pairs(Bc, phi[..., None, :], tables), rotate_pairs(Cc, phi[..., None, :], tables)
+    elif S: Bc, Cc = _Rotated.apply(Bc, Cc, phi[..., None, :])
+    rows = lambda t: t.reshape(b, H, nc, L * R, t.shape[-1])
+    per_row = lambda t: t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
+    Q, K, V = rows(Cc), rows(Bc), rows(Xc)                              # (b, H, n_c, L·R, N | N | P)
+    M, to_end = _Decayed.apply(a_c, s_c, g_c)                           # M (b, H, n_c, L, L); e^{a_{L-1} - a_s} σ_s
+    flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
+    s_loc = torch.bmm(flat(per_row(to_end)[..., None] * V).transpose(1, 2), flat(K)).view(b, H, nc, P, N)   # chunk states S_c
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
     h_in, h_run = pass_states(a_cum[..., -1], s_loc, h_seed)            # H_in (b, H, n_c, P, N), the final state
+    G = _weighted(Q @ K.transpose(-1, -2), M)                           # (C̃_l · B̃_s) M_ls (b, H, n_c, L·R, L·R)
     y_state = per_row(torch.exp(a_cum))[..., None] * (Q @ h_in.transpose(-1, -2))   # (b, H, n_c, L·R, P)
-    flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
-    y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part, in the same product
-    y = _from_chunks(y.view(b, H, nc, L, R, P), T)                      # (b, T, H, R, P)
-    cb = (z.C[..., :, None, :] * z.B[..., None, :, :]).sum(-1)          # (C·B)_{r r'} (b, T, H, R, R), R is small
-    diag = (cb[..., None] * z.x[..., None, :, :]).sum(-2)               # Σ_r' (C·B)_{r r'} v_{r'} (b, T, H, R, P)
-    y = y + gamma[..., None, None] * diag
-    if D is not None: y = y + z.D[:, None, None] * z.x
-    return _pack_y(y, x, z.mimo), _pack_state(phi[:, -1], h_run, Bt[:, -1], z.x[:, -1], z.mimo)
+    if D is not None: y_state = y_state + z.D[:, None, None, None] * V
+    y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part and the diagonal
+    last = lambda t: t.reshape(b, H, nc * L, *t.shape[4:])[:, :, T - 1]   # token T-1 of a chunk-layout tensor
+    return (_pack_y(_from_chunks(y.view(b, H, nc, L, R, P), T), x, z.mimo),
+            _pack_state(last(phi) if S else phi0, h_run, last(Bc), z.x[:, -1], z.mimo))
 
 # %% ../nbs/00_ssd.ipynb #e85d3b33
 def seq_idx_from_eos(ids, eos_id):
