@@ -379,87 +379,94 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
 
 # %% ../nbs/01_ssd_triton.ipynb #bb87a265
 @triton.jit
-def _bwd_mask_grads(x, dy, bt_ptr, ct_ptr, bco, mt, t, st, sig, a2, L: tl.constexpr, N: tl.constexpr,
-                    BN: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """The (L, L) part of the DO_X half, held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads it):
-    Wᵀ, the log-decay gradient of the mask (rows +, columns -) and dσ, from dL/d(G σ) ⊙ G."""
-    wt = tl.where(t[:, None] < t[None, :], tl.exp2(tl.minimum(a2[None, :] - a2[:, None], 0.)), 0.)   # Wᵀ
+def _mask_t(t, st, a2, HAS_RST: tl.constexpr):
+    "Wᵀ of one chunk, (L, L), keys along rows: e^{a_t - a_s} for key s < query t, in its document (`st` from `_doc_bounds`)."
+    wt = tl.where(t[:, None] < t[None, :], tl.exp2(tl.minimum(a2[None, :] - a2[:, None], 0.)), 0.)
     if HAS_RST:
         wt = tl.where(t[:, None] >= st[None, :], wt, 0.)
-    pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * wt * _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
-    dwwt = pgt * sig[:, None]                                                          # (dL/dW ⊙ W)ᵀ
-    return wt, tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1), tl.sum(pgt, axis=1)
+    return wt
 
 @triton.jit
-def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, cbd_ptr, gam_ptr, d_ptr, hs_ptr, dy_ptr, dhs_ptr, dsl_ptr, dx_ptr, dadt_ptr,
-                 dsig_ptr, dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea,
-                 ek, wk, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
-                 HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    "The DO_X half of the chunk backward: dX, d(ΔA), dσ, dγ and the chunk's D partial sum."
-    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                               # (L, P), input dtype
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-    rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # γ-diagonal and D skip
-    tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))
-    cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
-    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
-    wt, da, dsig = _bwd_mask_grads(x, dy, bt_ptr, ct_ptr, bco, mt, t, st, sig, a2, L, N, BN, HAS_RST, DOT_DTYPE, PREC)
-    # dX: the intra-chunk product (Gᵀ again: cheaper than holding it), diagonal + skip, and the write into H_out
-    u = tl.zeros((L, P), tl.float32)                                                   # U = B̃ dHᵀ, (L, P)
-    for k in range(0, N, BN):
+def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L: tl.constexpr,
+               P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr, DOT_DTYPE: tl.constexpr,
+               PREC: tl.constexpr):
+    """The DO_BC half's pass over the state, BN columns at a time, each tile of B̃, C̃ (L, BN) and of H_in, dH (P, BN)
+    loaded once; with DO_X, the sums over the state that half needs, Gᵀ = B̃ C̃ᵀ (L, L), U = B̃ dHᵀ (L, P)
+    and the read of H_in's row sums Σ_p (e^a ⊙ dY)_tp (C̃ H_inᵀ)_tp = Σ_n C̃_tn ((e^a ⊙ dY) H_in)_tn (L,),
+    from the product dC̃ needs anyway, returned. dB̃ = M C̃ + κX dH + gd C̃ and dC̃ = Mᵀ B̃ + (e^a ⊙ dY) H_in + gd B̃
+    are stored tile by tile, from M = dL/dGᵀ (`mgt`), κX (`xk`), e^a ⊙ dY (`dyea`, all three in the dot dtype) and
+    the γ-diagonal's gd (L,)."""
+    gt = tl.zeros((L, L), tl.float32)
+    u = tl.zeros((L, P), tl.float32)
+    rq = tl.zeros((L,), tl.float32)
+    for k in range(0, N, BN):                                    # pipelined: the loads depend on k only
         n = k + tl.arange(0, BN)
         bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)            # (L, BN), dot dtype
-        u = tl.dot(bt, tl.trans(tl.load(dhs_ptr + sto + n[None, :])), acc=u, input_precision=PREC)
-    gwt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC) * (wt * sig[:, None])        # (G ⊙ W ⊙ σ)ᵀ
+        ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        dh = tl.load(dhs_ptr + sto + n[None, :])                                       # dL/dH_out, (P, BN)
+        hin = tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)                        # H_in, (P, BN)
+        if DO_X:
+            gt = tl.dot(bt, tl.trans(ct), acc=gt, input_precision=PREC)
+            u = tl.dot(bt, tl.trans(dh), acc=u, input_precision=PREC)
+        eh = tl.dot(dyea, hin, input_precision=PREC)                                  # (e^a ⊙ dY) H_in, (L, BN)
+        if DO_X:
+            rq += tl.sum(ct.to(tl.float32) * eh, axis=1)
+        db = tl.dot(mgt, ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
+        tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
+                 mask=mt[:, None])
+        dct = tl.dot(tl.trans(mgt), bt, acc=eh, input_precision=PREC)
+        tl.store(dc_ptr + bco + n[None, :], (dct + gd[:, None] * bt.to(tl.float32)).to(dc_ptr.dtype.element_ty),
+                 mask=mt[:, None])
+    return gt, u, rq
+
+# %% ../nbs/01_ssd_triton.ipynb #1adca4b2
+@triton.jit
+def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+                 dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
+                 L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
+                 HAS_RST: tl.constexpr, DO_BC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """The DO_X half: dX, d(ΔA), dσ, dγ and the chunk's D partial sum, from the sums over the state Gᵀ = B̃ C̃ᵀ,
+    U = B̃ dHᵀ and the read of H_in's row sums `rq` that the DO_BC pass (`_bwd_tiles`) handed over, or, in a launch
+    of its own, from three passes over the state tiles, each sum made where it is used and spent before the next
+    (held together they spill on sm_80). X and dY are loaded here, again after DO_BC (cheaper than holding them
+    through its pass). The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
+    them)."""
+    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                               # (L, P), input dtype
+    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+    rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # dY·X per row
+    tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))                            # γ-diagonal and D skip
+    cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
+    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
+    if not DO_BC:
+        gt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
+    gw = gt * _mask_t(t, st, a2, HAS_RST)                                              # (G ⊙ W)ᵀ
+    pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * gw                                   # dL/d(G σ) ⊙ G, transposed
+    dwwt = pgt * sig[:, None]                                                          # (dL/dW ⊙ W)ᵀ
+    da = tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1)                                   # the mask: rows +, columns -
+    dsig = tl.sum(pgt, axis=1)
+    if not DO_BC:
+        u = _read_state(bt_ptr, dhs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)     # B̃ dHᵀ, (L, P)
+    # dX: the intra-chunk product, diagonal + skip, and the write into H_out
     dskip = 0.
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
     gam = tl.load(gam_ptr + row, mask=mt, other=0.)
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)                             # again: cheaper than holding it
-    dx = _mm(gwt, dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32) + wk[:, None] * u
+    dx = (_mm(gw * sig[:, None], dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32)
+          + wk[:, None] * u)
     tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
-    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
     wdot = tl.sum(x.to(tl.float32) * u, axis=1)                                        # B̃·(X dH) per row
     tl.store(dsig_ptr + row, dsig + ek * wdot, mask=mt)
     # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
-    q = _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)       # C̃ H_inᵀ, (L, P)
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
     r = wk * wdot
-    da += tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1) - r
+    if not DO_BC:
+        q = _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)  # C̃ H_inᵀ, (L, P)
+        rq = tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1)
+    da += rq - r
     dec = tl.exp(a_last)
     if HAS_RST:
         dec = tl.where(last < 0, dec, 0.)
     da_last = tl.sum(r, axis=0) + dec * tl.load(dsl_ptr + bh * NC + c)
     tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
-
-# %% ../nbs/01_ssd_triton.ipynb #1adca4b2
-@triton.jit
-def _bwd_chunk_bc(x_ptr, bt_ptr, ct_ptr, gam_ptr, hs_ptr, dy_ptr, dhs_ptr, db_ptr, dc_ptr, row, xo, xx, bco, sto, mt, t,
-                  st, sig, a2, ea, wk, N: tl.constexpr, BN: tl.constexpr, HAS_RST: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """The DO_BC half of the chunk backward: dB̃ and dC̃, a tile of BN state columns at a time. Keys: the intra-chunk
-    product (weight σ) and the state write (weight κ); queries: the intra-chunk product and the inter-chunk read;
-    both: the γ-diagonal."""
-    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-    gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
-    w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # W
-    if HAS_RST:
-        w = tl.where(t[None, :] >= st[:, None], w, 0.)
-    dgs = (_mm(dy, tl.trans(x), DOT_DTYPE, PREC) * w * sig[None, :]).to(DOT_DTYPE)    # dL/dG, (L, L)
-    xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)
-    dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
-    for k in range(0, N, BN):
-        n = k + tl.arange(0, BN)
-        bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-        ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-        dh = tl.load(dhs_ptr + sto + n[None, :])                                       # dL/dH_out, (P, BN), dot dtype
-        hin = tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)                        # H_in, (P, BN)
-        db = tl.dot(tl.trans(dgs), ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
-        tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
-                 mask=mt[:, None])
-        dct = tl.dot(dgs, bt, acc=tl.dot(dyea, hin, input_precision=PREC), input_precision=PREC)
-        tl.store(dc_ptr + bco + n[None, :], (dct + gd[:, None] * bt.to(tl.float32)).to(dc_ptr.dtype.element_ty),
-                 mask=mt[:, None])
 
 # %% ../nbs/01_ssd_triton.ipynb #0f8d8409
 @triton.jit
@@ -469,9 +476,9 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
                           DO_BC: tl.constexpr, HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr,
                           PREC: tl.constexpr):
     """The gradients of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b).
-    DO_X: those of x, ΔA, σ, γ and D; DO_BC: dB̃ and dC̃ (fp32, in the rotated frame: the angle kernel rotates them
-    back). Either or both: where registers are scarce the two halves run as two launches. The state dimension is
-    visited in tiles of BN columns, and every sum over it is recomputed from memory rather than held."""
+    DO_X: those of x, ΔA, σ, γ and D; DO_BC: dB̃ and dC̃ (in the rotated frame: the angle kernel rotates them back).
+    Either or both: where registers are scarce the two halves run as two launches. In one launch, each tile of the
+    state is loaded once, in one pass of BN-column tiles (`_bwd_tiles`)."""
     c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     bh = ib * H + ih
     x_ptr += ib * sxb                                          # this sequence's rows of x
@@ -480,7 +487,6 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     mt = c * L + t < T
     row = (t0 + t) * H + ih
     xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]                       # dY, dX
-    xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]   # X
     bco = t0 * H * N + (t * H + ih)[:, None] * N                                        # + a tile of state columns
     sto = (bh * NC + c) * P * N + p[:, None] * N                                       # + a tile of state columns
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
@@ -497,31 +503,60 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     else:                                                                              # one document: nothing is read
         st, first, last = t, L, -1
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
+    xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]                              # X
+    gt, u, rq = wk, wk, wk                                      # placeholders: a DO_X-only launch makes its own
+    if DO_BC:                                                   # the pass over the state, with the DO_X sums
+        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                            # (L, P), input dtype
+        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+        mgt = (_mm(x, tl.trans(dy), DOT_DTYPE, PREC) * _mask_t(t, st, a2, HAS_RST) * sig[:, None]).to(DOT_DTYPE)
+        xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)                            # dL/dGᵀ = (X dYᵀ ⊙ Wᵀ) σ, κX
+        dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
+        gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
+        gt, u, rq = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L, P,
+                               N, BN, DO_X, DOT_DTYPE, PREC)
     if DO_X:
-        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, cbd_ptr, gam_ptr, d_ptr, hs_ptr, dy_ptr, dhs_ptr, dsl_ptr, dx_ptr, dadt_ptr,
-                     dsig_ptr, dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last,
-                     ea, ek, wk, L, P, N, BN, HAS_D, HAS_RST, DOT_DTYPE, PREC)
-    if DO_BC:
-        _bwd_chunk_bc(x_ptr, bt_ptr, ct_ptr, gam_ptr, hs_ptr, dy_ptr, dhs_ptr, db_ptr, dc_ptr, row, xo, xx, bco, sto, mt,
-                      t, st, sig, a2, ea, wk, N, BN, HAS_RST, DOT_DTYPE, PREC)
+        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+                     dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
+                     L, P, N, BN, HAS_D, HAS_RST, DO_BC, DOT_DTYPE, PREC)
 
 # %% ../nbs/01_ssd_triton.ipynb #a1568f07
 @triton.jit
-def _angle_head(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
-                ib, ig, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, OM_H, om_hs, G, NJ,
+def _head_angles(om, dt, phi_in, t, st, first, HAS_RST: tl.constexpr):
+    """`_chunk_angles` from a loaded (L, NH) tile of ω: Φ = the wrapped fp32 carry `phi_in` plus the in-chunk cumsum
+    of δ = Δ·ω, restarting at each document start (only the first document adds the carry)."""
+    if HAS_RST:
+        d = dt[:, None] * om
+        cum, _ = tl.associative_scan((d, tl.broadcast_to((st == t).to(tl.int32)[:, None], d.shape)), 0, _seg_add)
+        return _wrap(tl.where((t < first)[:, None], phi_in[None, :], 0.) + cum)
+    return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0))
+
+@triton.jit
+def _with_bias(e, o, bias_ptr, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    "Loaded (L, NH) pair tiles of B or C plus head `ih`'s bias (padding rows stay 0): `_load_bc` after the load."
+    if HAS_BIAS:
+        z = tl.zeros((1,), tl.int32)
+        be, bo = _load_pairs(bias_ptr + ih * N, z, z == 0, N, NH)                     # (1, NH)
+        e = tl.where(mt[:, None], e + be, 0.)
+        o = tl.where(mt[:, None], o + bo, 0.)
+    return e, o
+
+@triton.jit
+def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
+                ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ,
                 L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
-    """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs: its dB̃, dC̃ rotated back
-    (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of its angle carry (row `mine` of `gphi`)
-    stepped to the chunk's start; stores its partial bias sums and its dΔ partial sum."""
+    """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs, from the group's B, C pair
+    tiles (even, odd), which the kernel loads once for all its heads, and the head's (L, NH) ω tile `om`: the head's dB̃, dC̃ rotated back (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of
+    its angle carry (row `mine` of `gphi`) stepped to the chunk's start; stores its partial bias sums and its dΔ
+    partial sum."""
     row = (t0 + t) * H + ih
     xrow = t * H + ih
-    phi, dt, _ = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
-                               tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), S,
-                               t, st, first, HAS_RST)
+    dt = tl.load(dt_ptr + row, mask=mt, other=0.)
+    phi = _head_angles(om, dt, tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), t, st,
+                       first, HAS_RST)
     cs, sn = tl.cos(phi), tl.sin(phi)
     z = tl.zeros((1,), tl.int32)
     # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
-    be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
+    be, bo = _with_bias(b_e, b_o, bb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
     be, bo = _rotate(be, bo, cs, sn)
     ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi = go * be - ge * bo
@@ -529,7 +564,7 @@ def _angle_head(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, 
     if HAS_BIAS:
         _store_pairs(dbb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(gbe, axis=0)[None, :],
                      tl.sum(gbo, axis=0)[None, :], N, NH)
-    ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
+    ce, co = _with_bias(c_e, c_o, cb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
     ce, co = _rotate(ce, co, cs, sn)
     ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi += go * ce - ge * co
@@ -545,8 +580,6 @@ def _angle_head(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, 
     else:
         ddl = tl.cumsum(dphi, axis=0, reverse=True) + g_h[None, :]                  # dL/dδ, δ = Δ·ω
         g_h += tl.sum(dphi, axis=0)
-    om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :],   # ω again:
-                 mask=mt[:, None] & (j < S)[None, :], other=0.)                                 # cheaper than holding it
     tl.store(ddt_ptr + row * NJ + jb, tl.sum(ddl * om, axis=1), mask=mt)                    # ω = 0 for j >= S
     return gbe, gbo, gce, gco, ddl * dt[:, None], g_h
 
@@ -580,13 +613,17 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         dbe = tl.zeros((L, NH), tl.float32); dbo = tl.zeros((L, NH), tl.float32)   # the group's dB, dC pairs
         dce = tl.zeros((L, NH), tl.float32); dco = tl.zeros((L, NH), tl.float32)
         dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
+        b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)   # the group's B, C: once for its heads
+        c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
+        mom = mt[:, None] & (j < S)[None, :]
         for hh in range(HG):
             ih = ig * HG + hh
             mine = (hr == hh)[:, None]
+            om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom,
+                         other=0.)                                  # ω, (L, NH), once a head (held: fp32 spills)
             ge, go, he, ho, dom_h, g_h = _angle_head(
-                b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
-                ib, ig, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine,
-                H, S, NC, OM_H, om_hs, G, NJ, L, N, NH, HAS_BIAS, HAS_RST)
+                b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
+                ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
             dbe += ge; dbo += go; dce += he; dco += ho
             gphi = tl.where(mine, g_h[None, :], gphi)
             if OM_SHARED:
@@ -610,7 +647,7 @@ _DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},   
 _DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
 _DEFAULT_CONFIG[90]["fwd"].update(split=False)
 _DEFAULT_CONFIG[80]["bwd_chunk"].update(BN=16, split=True)
-_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=64, split=False)
+_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=32, split=False)
 # two stages where the main loops feed tensor-core dots from memory (the forward's chunk loop, the chunk backward's
 # loops over state tiles): the loads of the next iteration are issued (cp.async) while this one computes
 for _arch_cfg in _DEFAULT_CONFIG.values():
@@ -667,9 +704,9 @@ def _launch_config(kind, N=128, dtype=torch.bfloat16):
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
 # N = 128 and 64, with and without resets, every launch (tests/test_ssd_triton.py compiles them all)
 _AUTOTUNE_MORE = {80: dict(rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
-                           bwd_chunk=[(8, 1, 32), (8, 1, 16), (8, 1, 64)], bwd_angle=[]),
-                  90: dict(rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32), (8, 1, 64), (8, 2, 32)],
-                           bwd_angle=[(4, 1)])}
+                           bwd_chunk=[(8, 1, 32), (8, 1, 16)], bwd_angle=[]),
+                  90: dict(rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
+                           bwd_angle=[])}
 
 def autotune_configs(kind, arch=90, N=128, dtype=torch.bfloat16):
     """The launch configs `triton.autotune` times for kernel `kind` on `arch` at d_state N: the default first. Their
