@@ -345,12 +345,11 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
-def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC: constexpr,
+def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dh0_ptr, T, H, NC: constexpr,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_RST: tl.constexpr,
                           DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """dL/dH_out of every chunk of one (batch, head), stored per chunk in the dot dtype, and its fp32 product
-    <dH_out, H_in> with the chunk's incoming state: the reverse walk dH <- e^{a_last} dH + (e^{a} ⊙ dY)ᵀ C̃ from dL/dH_T;
-    grid (H, b)."""
+    """dL/dH_out of every chunk of one (batch, head), stored per chunk in the dot dtype: the reverse walk
+    dH <- e^{a_last} dH + (e^{a} ⊙ dY)ᵀ C̃ from dL/dH_T; grid (H, b)."""
     ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
     bh = ib * H + ih
     t = tl.arange(0, L); p = tl.arange(0, P); n = tl.arange(0, N)
@@ -359,8 +358,6 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
     for i in tl.range(0, NC):                                          # the chunks in reverse
         c = NC - 1 - i
         tl.store(dhs_ptr + (bh * NC + c) * P * N + sto, dh.to(dhs_ptr.dtype.element_ty))
-        tl.store(dsl_ptr + bh * NC + c, tl.sum(tl.sum(dh * tl.load(hs_ptr + (bh * NC + c) * P * N + sto).to(tl.float32), axis=1),
-                                                       axis=0))
         t0 = ib * T + c * L
         mt = c * L + t < T
         row = (t0 + t) * H + ih
@@ -393,18 +390,20 @@ def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mg
     """The DO_BC half's pass over the state, BN columns at a time, each tile of B̃, C̃ (L, BN) and of H_in, dH (P, BN)
     loaded once; with DO_X, the sums over the state that half needs, Gᵀ = B̃ C̃ᵀ (L, L), U = B̃ dHᵀ (L, P)
     and the read of H_in's row sums Σ_p (e^a ⊙ dY)_tp (C̃ H_inᵀ)_tp = Σ_n C̃_tn ((e^a ⊙ dY) H_in)_tn (L,),
-    from the product dC̃ needs anyway, returned. dB̃ = M C̃ + κX dH + gd C̃ and dC̃ = Mᵀ B̃ + (e^a ⊙ dY) H_in + gd B̃
+    from the product dC̃ needs anyway, returned, with <dH, H_in> (fp32) either way. dB̃ = M C̃ + κX dH + gd C̃ and dC̃ = Mᵀ B̃ + (e^a ⊙ dY) H_in + gd B̃
     are stored tile by tile, from M = dL/dGᵀ (`mgt`), κX (`xk`), e^a ⊙ dY (`dyea`, all three in the dot dtype) and
     the γ-diagonal's gd (L,)."""
     gt = tl.zeros((L, L), tl.float32)
     u = tl.zeros((L, P), tl.float32)
     rq = tl.zeros((L,), tl.float32)
+    dsl = tl.zeros((P,), tl.float32)                                                   # <dH, H_in> by rows
     for k in range(0, N, BN):                                    # pipelined: the loads depend on k only
         n = k + tl.arange(0, BN)
         bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)            # (L, BN), dot dtype
         ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
         dh = tl.load(dhs_ptr + sto + n[None, :])                                       # dL/dH_out, (P, BN)
         hin = tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)                        # H_in, (P, BN)
+        dsl += tl.sum(dh.to(tl.float32) * hin.to(tl.float32), axis=1)
         if DO_X:
             gt = tl.dot(bt, tl.trans(ct), acc=gt, input_precision=PREC)
             u = tl.dot(bt, tl.trans(dh), acc=u, input_precision=PREC)
@@ -417,17 +416,17 @@ def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mg
         dct = tl.dot(tl.trans(mgt), bt, acc=eh, input_precision=PREC)
         tl.store(dc_ptr + bco + n[None, :], (dct + gd[:, None] * bt.to(tl.float32)).to(dc_ptr.dtype.element_ty),
                  mask=mt[:, None])
-    return gt, u, rq
+    return gt, u, rq, tl.sum(dsl, axis=0)
 
 # %% ../nbs/01_ssd_triton.ipynb #1adca4b2
 @triton.jit
-def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                  dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                  L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
                  HAS_RST: tl.constexpr, DO_BC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The DO_X half: dX, d(ΔA), dσ, dγ and the chunk's D partial sum, from the sums over the state Gᵀ = B̃ C̃ᵀ,
-    U = B̃ dHᵀ and the read of H_in's row sums `rq` that the DO_BC pass (`_bwd_tiles`) handed over, or, in a launch
-    of its own, from three passes over the state tiles, each sum made where it is used and spent before the next
+    U = B̃ dHᵀ, the read of H_in's row sums `rq` and <dH, H_in> that the DO_BC pass (`_bwd_tiles`) handed over, or, in
+    a launch of its own (<dH, H_in> from the DO_BC launch's store), from three passes over the state tiles, each sum made where it is used and spent before the next
     (held together they spill on sm_80). X and dY are loaded here, again after DO_BC (cheaper than holding them
     through its pass). The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
     them)."""
@@ -465,7 +464,9 @@ def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, cbd_
     dec = tl.exp(a_last)
     if HAS_RST:
         dec = tl.where(last < 0, dec, 0.)
-    da_last = tl.sum(r, axis=0) + dec * tl.load(dsl_ptr + bh * NC + c)
+    if not DO_BC:
+        dsl = tl.load(dsl_ptr + bh * NC + c)
+    da_last = tl.sum(r, axis=0) + dec * dsl
     tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
 
 # %% ../nbs/01_ssd_triton.ipynb #0f8d8409
@@ -476,8 +477,9 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
                           DO_BC: tl.constexpr, HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr,
                           PREC: tl.constexpr):
     """The gradients of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b).
-    DO_X: those of x, ΔA, σ, γ and D; DO_BC: dB̃ and dC̃ (in the rotated frame: the angle kernel rotates them back).
-    Either or both: where registers are scarce the two halves run as two launches. In one launch, each tile of the
+    DO_X: those of x, ΔA, σ, γ and D; DO_BC: dB̃ and dC̃ (in the rotated frame: the angle kernel rotates them back)
+    and <dH_out, H_in>. Either or both: where registers are scarce the two halves run as two launches, DO_BC first,
+    which stores <dH_out, H_in> at `dsl_ptr` for the DO_X launch. In one launch, each tile of the
     state is loaded once, in one pass of BN-column tiles (`_bwd_tiles`)."""
     c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     bh = ib * H + ih
@@ -504,7 +506,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         st, first, last = t, L, -1
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
     xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]                              # X
-    gt, u, rq = wk, wk, wk                                      # placeholders: a DO_X-only launch makes its own
+    gt, u, rq, dsl = wk, wk, wk, 0.                             # placeholders: a DO_X-only launch makes its own
     if DO_BC:                                                   # the pass over the state, with the DO_X sums
         x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                            # (L, P), input dtype
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
@@ -512,10 +514,12 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)                            # dL/dGᵀ = (X dYᵀ ⊙ Wᵀ) σ, κX
         dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
         gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
-        gt, u, rq = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L, P,
-                               N, BN, DO_X, DOT_DTYPE, PREC)
+        gt, u, rq, dsl = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L,
+                                    P, N, BN, DO_X, DOT_DTYPE, PREC)
+        if not DO_X:                                            # for the DO_X launch, which runs after this one
+            tl.store(dsl_ptr + bh * NC + c, dsl)
     if DO_X:
-        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                      dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                      L, P, N, BN, HAS_D, HAS_RST, DO_BC, DOT_DTYPE, PREC)
 
@@ -850,9 +854,9 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dots = dict(L=chunk_size, P=P, N=N, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, dtype=x.dtype)
     rst_, has_rst = (adt if rst is None else rst), rst is not None
     dhs = torch.empty(b, H, NC, P, N, device=x.device, dtype=Ct.dtype)   # dL/dH_out per chunk, dot dtype
-    dsl, dh0 = torch.empty(b, H, NC, **f32), torch.empty(b, H, P, N, **f32)
-    _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, hs, rst_, dy, dht, dhs, dsl, dh0, T, H,
-            NC, **dots, HAS_RST=has_rst)
+    dh0 = torch.empty(b, H, P, N, **f32)
+    _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, rst_, dy, dht, dhs, dh0, T, H, NC, **dots,
+            HAS_RST=has_rst)
     per_head = G == H and Bb is None
     if om is None:                   # no rotation: the chunk kernel writes dB, dC (per-head fp32 where heads share)
         out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
@@ -862,7 +866,9 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
     dD = torch.empty(b, H, NC, **f32)
-    halves = ((True, False), (False, True)) if _launch_config("bwd_chunk", N, x.dtype)["split"] else ((True, True),)
+    split = _launch_config("bwd_chunk", N, x.dtype)["split"]
+    dsl = torch.empty(b, H, NC, **f32) if split else none()              # <dH_out, H_in>, from DO_BC to DO_X
+    halves = ((False, True), (True, False)) if split else ((True, True),)   # (DO_X, DO_BC): DO_BC first
     for do_x, do_bc in halves:
         _launch(_ssd_bwd_chunk_kernel, "bwd_chunk", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam,
                 adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC,
