@@ -545,37 +545,29 @@ def _with_bias(e, o, bias_ptr, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BI
     return e, o
 
 @triton.jit
-def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
+def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ,
                 L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs, from the group's B, C pair
     tiles (even, odd), which the kernel loads once for all its heads, and the head's (L, NH) ω tile `om`: the head's dB̃, dC̃ rotated back (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of
-    its angle carry (row `mine` of `gphi`) stepped to the chunk's start; stores its partial bias sums and its dΔ
-    partial sum."""
+    its angle carry (row `mine` of `gphi`) stepped to the chunk's start; stores its dΔ partial sum."""
     row = (t0 + t) * H + ih
     xrow = t * H + ih
     dt = tl.load(dt_ptr + row, mask=mt, other=0.)
     phi = _head_angles(om, dt, tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), t, st,
                        first, HAS_RST)
     cs, sn = tl.cos(phi), tl.sin(phi)
-    z = tl.zeros((1,), tl.int32)
     # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
     be, bo = _with_bias(b_e, b_o, bb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
     be, bo = _rotate(be, bo, cs, sn)
     ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi = go * be - ge * bo
     gbe, gbo = ge * cs + go * sn, go * cs - ge * sn
-    if HAS_BIAS:
-        _store_pairs(dbb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(gbe, axis=0)[None, :],
-                     tl.sum(gbo, axis=0)[None, :], N, NH)
     ce, co = _with_bias(c_e, c_o, cb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
     ce, co = _rotate(ce, co, cs, sn)
     ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi += go * ce - ge * co
     gce, gco = ge * cs + go * sn, go * cs - ge * sn
-    if HAS_BIAS:
-        _store_pairs(dcb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(gce, axis=0)[None, :],
-                     tl.sum(gco, axis=0)[None, :], N, NH)
     g_h = tl.sum(tl.where(mine, gphi, 0.), axis=0)                               # this head's carry
     if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens, and the carry out if in the last one
         rev, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add, reverse=True)
@@ -594,7 +586,8 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
                           L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr, HGP: tl.constexpr,
                           OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Rotate the dB̃, dC̃ of the HG heads of one (batch, group) back and sum them over the heads into the group's dB,
-    dC (stored once, in B's dtype), per chunk and head into partial bias sums; turn the angle gradient into dω (summed
+    dC (stored once, in B's dtype), and over the tokens into the heads' bias gradients of this sequence (stored at
+    the end); turn the angle gradient into dω (summed
     over the heads where ω is shared), dΔ (a partial sum per block of pairs) and dΦ₀: a reverse walk over the chunks
     carrying dL/d(angle carry) of every head of the group, (HGP, NH); grid (G, b, blocks of NH pairs)."""
     ig, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
@@ -605,6 +598,8 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
     mj = (hr < HG)[:, None] & (j < S)[None, :]
     gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
     gphi = tl.load(dphit_ptr + gph, mask=mj, other=0.)                  # dL/d(angle carry out of the chunk), per head
+    sbe = tl.zeros((HGP, NH), tl.float32); sbo = tl.zeros((HGP, NH), tl.float32)   # the heads' bias gradients,
+    sce = tl.zeros((HGP, NH), tl.float32); sco = tl.zeros((HGP, NH), tl.float32)   # (even, odd) pairs of B, C
     for i in tl.range(0, NC):                                          # the chunks in reverse
         c = NC - 1 - i
         t0 = ib * T + c * L
@@ -626,9 +621,14 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
             om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom,
                          other=0.)                                  # ω, (L, NH), once a head (held: fp32 spills)
             ge, go, he, ho, dom_h, g_h = _angle_head(
-                b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
+                b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
             dbe += ge; dbo += go; dce += he; dco += ho
+            if HAS_BIAS:
+                sbe = tl.where(mine, sbe + tl.sum(ge, axis=0)[None, :], sbe)
+                sbo = tl.where(mine, sbo + tl.sum(go, axis=0)[None, :], sbo)
+                sce = tl.where(mine, sce + tl.sum(he, axis=0)[None, :], sce)
+                sco = tl.where(mine, sco + tl.sum(ho, axis=0)[None, :], sco)
             gphi = tl.where(mine, g_h[None, :], gphi)
             if OM_SHARED:
                 dom_g += dom_h
@@ -641,6 +641,9 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
             tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g,
                      mask=mt[:, None] & (j < S)[None, :])
     tl.store(dphi0_ptr + gph, gphi, mask=mj)
+    if HAS_BIAS:                                                          # rows (b, H) of (b, H, N)
+        _store_pairs(dbb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sbe, sbo, N, NH)
+        _store_pairs(dcb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sce, sco, N, NH)
 
 # %% ../nbs/01_ssd_triton.ipynb #e49d6212
 KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the launch order: forward, then backward
@@ -827,14 +830,14 @@ def _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, gB, gC, dphit, chunk_size, ha
     dom = torch.empty(b, T, G if OM_H == 1 else H, S, **f32)            # shared ω: summed over the group's heads
     ddt = torch.empty(b, T, H, NJ, **f32)                                # dΔ: one sum per pair block
     dphi0 = torch.empty(b, H, S, **f32)
-    pB, pC = (torch.empty(b, NC, H, N, **f32) if Bb is not None else torch.empty(0, **f32) for _ in range(2))
+    pB, pC = (torch.empty(b, H, N, **f32) if Bb is not None else torch.empty(0, **f32) for _ in range(2))
     _launch(_ssd_bwd_angle_kernel, "bwd_angle", (G, b, NJ), B, C, dt if Bb is None else Bb,
             dt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dphit, dB, dC, pB, pC, dom, ddt, dphi0,
             T, H, S, NC, OM_H, int(OM_H > 1), G, L=chunk_size, N=N, NH=JB, HG=H // G,
             HGP=triton.next_power_of_2(H // G), OM_SHARED=OM_H == 1, HAS_BIAS=Bb is not None, HAS_RST=has_rst, dtype=dtype)
     if OM_H == 1 and G > 1: dom = dom.sum(2, keepdim=True)               # ω shared by all heads
-    dBb, dCb = ((pB.sum((0, 1)).to(Bb.dtype), pC.sum((0, 1)).to(Cb.dtype)) if Bb is not None
-                else (torch.empty(0, **f32), torch.empty(0, **f32)))    # (H, N), from the (b, chunk) partial sums
+    dBb, dCb = ((pB.sum(0).to(Bb.dtype), pC.sum(0).to(Cb.dtype)) if Bb is not None
+                else (torch.empty(0, **f32), torch.empty(0, **f32)))    # (H, N), from the sequences' sums
     return dB, dC, dBb, dCb, dom, ddt.sum(-1), dphi0
 
 # %% ../nbs/01_ssd_triton.ipynb #a45b2aef
