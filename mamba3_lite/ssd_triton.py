@@ -346,15 +346,19 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
 def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dh0_ptr, T, H, NC: constexpr,
-                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_RST: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_DHT: tl.constexpr,
+                          HAS_H0: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """dL/dH_out of every chunk of one (batch, head), stored per chunk in the dot dtype: the reverse walk
-    dH <- e^{a_last} dH + (e^{a} ⊙ dY)ᵀ C̃ from dL/dH_T; grid (H, b)."""
+    dH <- e^{a_last} dH + (e^{a} ⊙ dY)ᵀ C̃ from dL/dH_T (0 unless HAS_DHT), and, with HAS_H0, what is left at the
+    start: the gradient of the seed h'_{-1}; grid (H, b)."""
     ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
     bh = ib * H + ih
     t = tl.arange(0, L); p = tl.arange(0, P); n = tl.arange(0, N)
     sto = p[:, None] * N + n[None, :]
-    dh = tl.load(dht_ptr + bh * P * N + sto)                              # dL/dH_out, (P, N)
+    if HAS_DHT:
+        dh = tl.load(dht_ptr + bh * P * N + sto)                          # dL/dH_out, (P, N)
+    else:                                                                 # the final state is not used
+        dh = tl.zeros((P, N), tl.float32)
     for i in tl.range(0, NC):                                          # the chunks in reverse
         c = NC - 1 - i
         tl.store(dhs_ptr + (bh * NC + c) * P * N + sto, dh.to(dhs_ptr.dtype.element_ty))
@@ -372,7 +376,8 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dh
             dec = tl.where(last < 0, dec, 0.)
         dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
         dh = dec * dh + tl.dot(tl.trans(dyea), ct, input_precision=PREC)
-    tl.store(dh0_ptr + bh * P * N + sto, dh)
+    if HAS_H0:
+        tl.store(dh0_ptr + bh * P * N + sto, dh)
 
 # %% ../nbs/01_ssd_triton.ipynb #bb87a265
 @triton.jit
@@ -845,10 +850,10 @@ def _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, gB, gC, dphit, chunk_size, ha
 def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor],
              Cb: Optional[Tensor], Bt: Tensor, Ct: Tensor, cbd: Tensor, adt: Tensor, sig: Tensor, gam: Tensor,
              om: Optional[Tensor], dt: Tensor, D: Optional[Tensor], hs: Tensor, phis: Tensor, rst: Optional[Tensor],
-             chunk_size: int, precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+             chunk_size: int, precision: str, has_h0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                       Tensor, Tensor, Tensor]:
     """Backward SSD: gradients of (x, B, C, B_bias, C_bias, ΔA, σ, γ, ω, Δ (angle path), D, h'_{-1}, Φ₀); empty for
-    the inputs that are absent."""
+    the inputs that are absent (h'_{-1} unless `has_h0`). `dht` empty: no gradient reaches the final state."""
     b, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
     NC = triton.cdiv(T, chunk_size)
@@ -857,9 +862,9 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dots = dict(L=chunk_size, P=P, N=N, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, dtype=x.dtype)
     rst_, has_rst = (adt if rst is None else rst), rst is not None
     dhs = torch.empty(b, H, NC, P, N, device=x.device, dtype=Ct.dtype)   # dL/dH_out per chunk, dot dtype
-    dh0 = torch.empty(b, H, P, N, **f32)
+    dh0 = torch.empty(b, H, P, N, **f32) if has_h0 else none()
     _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, rst_, dy, dht, dhs, dh0, T, H, NC, **dots,
-            HAS_RST=has_rst)
+            HAS_DHT=dht.numel() > 0, HAS_H0=has_h0, HAS_RST=has_rst)
     per_head = G == H and Bb is None
     if om is None:                   # no rotation: the chunk kernel writes dB, dC (per-head fp32 where heads share)
         out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
@@ -907,11 +912,11 @@ def _ssd_backward(ctx, dy, dht, dphit, *_):
     b, T, H, P = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
     dy = torch.zeros(x.shape, device=x.device, dtype=x.dtype) if dy is None else dy.contiguous()
-    dht = torch.zeros(b, H, P, B.shape[-1], **f32) if dht is None else dht.float().contiguous()
+    dht = torch.empty(0, **f32) if dht is None else dht.float().contiguous()     # empty: no gradient of H_T
     dphit = (torch.zeros(b, H, 0 if om is None else om.shape[-1], **f32) if dphit is None
              else dphit.float().contiguous())
     g = torch.ops.mamba3_lite.ssd_bwd(dy, dht, dphit, x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis,
-                                      rst, chunk_size, precision)
+                                      rst, chunk_size, precision, has_h0)
     dx, dB, dC, dBb, dCb, dadt, dsig, dgam, dom, ddt, dD, dh0, dphi0 = g
     return (dx, dB, dC, _none_if_empty(dBb), _none_if_empty(dCb), dadt, dsig, dgam, _none_if_empty(dom),
             _none_if_empty(ddt), _none_if_empty(dD), dh0 if has_h0 else None, dphi0 if has_phi0 else None,
