@@ -550,12 +550,18 @@ def _with_bias(e, o, bias_ptr, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BI
     return e, o
 
 @triton.jit
+def _add_token_sums(acc, g, mine):
+    "Row `mine` of the (heads, NH) `acc` plus the sum of the (L, NH) `g` over the tokens: a head's bias gradient."
+    return tl.where(mine, acc + tl.sum(g, axis=0)[None, :], acc)
+
+@triton.jit
 def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ,
                 L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs, from the group's B, C pair
-    tiles (even, odd), which the kernel loads once for all its heads, and the head's (L, NH) ω tile `om`: the head's dB̃, dC̃ rotated back (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of
-    its angle carry (row `mine` of `gphi`) stepped to the chunk's start; stores its dΔ partial sum."""
+    tiles (even, odd), which the kernel loads once for all its heads, and the head's (L, NH) ω tile `om`: the head's
+    dB̃, dC̃ rotated back (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of its angle carry
+    (row `mine` of `gphi`) stepped to the chunk's start; stores its dΔ partial sum."""
     row = (t0 + t) * H + ih
     xrow = t * H + ih
     dt = tl.load(dt_ptr + row, mask=mt, other=0.)
@@ -619,32 +625,27 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
         b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)   # the group's B, C: once for its heads
         c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
-        mom = mt[:, None] & (j < S)[None, :]
+        mom = mt[:, None] & (j < S)[None, :]                      # ω: once a head (held for all of them, fp32 spills)
         for hh in range(HG):
             ih = ig * HG + hh
             mine = (hr == hh)[:, None]
-            om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom,
-                         other=0.)                                  # ω, (L, NH), once a head (held: fp32 spills)
+            om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
             ge, go, he, ho, dom_h, g_h = _angle_head(
                 b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
             dbe += ge; dbo += go; dce += he; dco += ho
             if HAS_BIAS:
-                sbe = tl.where(mine, sbe + tl.sum(ge, axis=0)[None, :], sbe)
-                sbo = tl.where(mine, sbo + tl.sum(go, axis=0)[None, :], sbo)
-                sce = tl.where(mine, sce + tl.sum(he, axis=0)[None, :], sce)
-                sco = tl.where(mine, sco + tl.sum(ho, axis=0)[None, :], sco)
+                sbe, sbo = _add_token_sums(sbe, ge, mine), _add_token_sums(sbo, go, mine)
+                sce, sco = _add_token_sums(sce, he, mine), _add_token_sums(sco, ho, mine)
             gphi = tl.where(mine, g_h[None, :], gphi)
             if OM_SHARED:
                 dom_g += dom_h
             else:
-                tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h,
-                         mask=mt[:, None] & (j < S)[None, :])
+                tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
         _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
         _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
         if OM_SHARED:
-            tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g,
-                     mask=mt[:, None] & (j < S)[None, :])
+            tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g, mask=mom)
     tl.store(dphi0_ptr + gph, gphi, mask=mj)
     if HAS_BIAS:                                                          # rows (b, H) of (b, H, N)
         _store_pairs(dbb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sbe, sbo, N, NH)
