@@ -20,6 +20,7 @@ interpreter does not execute.
 
     python bench/ssd_traffic.py                       # b16 T2048 H32 P64 N128, bf16, shared B/C + biases, sm_90 launches
     python bench/ssd_traffic.py --arch 80 --json /tmp/traffic.json
+    python bench/ssd_traffic.py --sites               # and each kernel's bytes per load/store line of ssd_triton.py
 """
 import argparse
 import contextlib
@@ -50,12 +51,15 @@ class Traffic:
         self.rows = defaultdict(lambda: dict(read=0, write=0, launches=0))
         self.addrs = defaultdict(lambda: dict(read=[], write=[]))
         self.current, self.phase = None, "fwd"
+        self.sites = defaultdict(lambda: dict(read=0, write=0))     # (name, phase, "kernel:line>helper:line"), with `by_site`
+        self.by_site = False
 
     def _count(self, kind, ptrs, mask, dtype_tt):
         if self.current is None: return
         size = np.dtype(interp._get_np_dtype(dtype_tt)).itemsize
         on = np.broadcast_to(np.asarray(mask), np.shape(ptrs)).astype(bool)
         self.rows[(self.current, self.phase)][kind] += int(np.count_nonzero(on)) * size
+        if self.by_site: self.sites[(self.current, self.phase, _site())][kind] += int(np.count_nonzero(on)) * size
         a = np.asarray(ptrs)[on].astype(np.uint64)
         self.addrs[(self.current, self.phase)][kind].append((a[:, None] + np.arange(size, dtype=np.uint64)).ravel())
 
@@ -127,6 +131,17 @@ class Traffic:
         return int(np.unique(np.concatenate(parts)).size) if parts else 0
 
 
+def _site():
+    """The lines of `mamba3_lite.ssd_triton` on the stack, kernel first, as 'function:line>helper:line...': the load or
+    store being counted and the calls that reach it."""
+    f, chain = sys._getframe(2), []
+    while f is not None:
+        if f.f_code.co_filename == st.__file__: chain.append(f"{f.f_code.co_name}:{f.f_lineno}")
+        if f.f_code.co_name in KERNEL_NAMES: break                  # the launch's host frames are left out
+        f = f.f_back
+    return ">".join(reversed(chain)) or "?"
+
+
 OPS = {"ssd_fwd": st._ssd_fwd, "ssd_bwd": st._ssd_bwd}
 KERNEL_NAMES = {"_ssd_rotate_kernel": "rotate", "_ssd_fwd_kernel": "fwd", "_ssd_fwd_state_kernel": "fwd.state",
                 "_ssd_fwd_chunk_kernel": "fwd.chunk", "_ssd_bwd_state_kernel": "bwd_state",
@@ -144,10 +159,12 @@ def layer_inputs(b, T, H, P, N, S, dtype, seed=0):
                 lam=torch.rand(b, T, H, generator=g), theta=rn(b, T, S), D=rn(H), B_bias=rn(H, N), C_bias=rn(H, N))
 
 
-def count(b, T, H, P=64, N=128, S=32, L=64, dtype=torch.bfloat16, arch=90, unique=False):
+def count(b, T, H, P=64, N=128, S=32, L=64, dtype=torch.bfloat16, arch=90, unique=False, sites=False):
     """{(name, phase): dict(read, write[, read_unique, write_unique], launches)} of one forward and one backward of
-    `ssd_triton` at this shape, with the launches `arch` makes."""
+    `ssd_triton` at this shape, with the launches `arch` makes; `sites`: also {(name, phase, "function:line"):
+    dict(read, write)}, the kernels' bytes per load or store in the source (and the calls that reach it)."""
     tr = Traffic()
+    tr.by_site = sites
     kw = {k: v.requires_grad_(True) for k, v in layer_inputs(b, T, H, P, N, S, dtype).items()}
     dy = torch.randn(b, T, H, P).to(dtype)
     real_launch, real_cfg, real_dot = st._launch, st._launch_config, st._dot_dtype
@@ -171,6 +188,7 @@ def count(b, T, H, P=64, N=128, S=32, L=64, dtype=torch.bfloat16, arch=90, uniqu
         out[key] = dict(read=r["read"], write=r["write"], launches=r["launches"])
         if unique and not key[0].startswith("torch:"):
             out[key].update(read_unique=tr.unique(key, "read"), write_unique=tr.unique(key, "write"))
+    out.update({key: dict(r) for key, r in tr.sites.items()})
     return out
 
 
@@ -201,15 +219,19 @@ def main(argv=None):
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--arch", type=int, default=90, choices=[80, 90], help="whose launch configs (splits) to count")
     p.add_argument("--json", default=None, metavar="PATH", help="write the rows at --shape as JSON")
+    p.add_argument("--sites", action="store_true",
+                   help="also break each kernel's bytes down by load/store site (function:line of ssd_triton.py)")
     a = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     L = a.chunk
     sizes = ((1, 2), (2 * L, 4 * L), (1, 2))
     check = (3, 3 * L, 3)
     dims = dict(P=a.P, N=a.N, S=a.S, L=L, dtype=dtype, arch=a.arch)
-    counted = {c: count(*c, **dims, unique=True) for c in itertools.product(*sizes)}
-    counted[check] = count(*check, **dims, unique=True)
-    keys = sorted({k for c in counted.values() for k in c}, key=lambda k: (k[1] != "fwd", k[0].startswith("torch:"), k[0]))
+    counted = {c: count(*c, **dims, unique=True, sites=a.sites) for c in itertools.product(*sizes)}
+    counted[check] = count(*check, **dims, unique=True, sites=a.sites)
+    keys = sorted({k for c in counted.values() for k in c}, key=lambda k: (k[1] != "fwd", k[0].startswith("torch:"), k))
+    site_keys = [k for k in keys if len(k) == 3]
+    keys = [k for k in keys if len(k) == 2]
     rows, worst = [], 0.
     for key in keys:
         row = dict(kernel=key[0], phase=key[1])
@@ -219,6 +241,14 @@ def main(argv=None):
             worst = max(worst, abs(got - want))
             row[f"{field}_bytes"] = round(evaluate(fit, a.shape))
         rows.append(row)
+    site_rows = []
+    for key in site_keys:
+        row = dict(kernel=key[0], phase=key[1], site=key[2])
+        for field in ("read", "write"):
+            fit = multilinear_fit({c: v.get(key, {}).get(field, 0) for c, v in counted.items()}, sizes)
+            worst = max(worst, abs(evaluate(fit, check) - counted[check].get(key, {}).get(field, 0)))
+            row[f"{field}_bytes"] = round(evaluate(fit, a.shape))
+        site_rows.append(row)
     if worst > 0.5:
         print(f"ssd_traffic: the counts are not multilinear in (b, T, H): off by {worst:.0f} B at {check}", file=sys.stderr)
         return 1
@@ -237,11 +267,16 @@ def main(argv=None):
                       f"{tot / 1e9:8.3f} {uniq:>16}")
     print(f"{'total':24} {'fwd':5} {'':8} {'':8} {fwd / 1e9:8.3f}")
     print(f"{'total':24} {'fwd+bwd':5} {'':8} {'':8} {(fwd + bwd) / 1e9:8.3f}")
+    if site_rows:
+        print(f"\nby site (function:line in {os.path.basename(st.__file__)}):")
+        print(f"{'kernel':12} {'phase':5} {'read GB':>8} {'write GB':>8}  site")
+        for r in site_rows:
+            print(f"{r['kernel']:12} {r['phase']:5} {r['read_bytes'] / 1e9:8.3f} {r['write_bytes'] / 1e9:8.3f}  {r['site']}")
     rows += [dict(kernel="total", phase="fwd", bytes=fwd), dict(kernel="total", phase="fwd+bwd", bytes=fwd + bwd)]
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(shape=dict(b=b, T=T, H=H, P=a.P, N=a.N, S=a.S, chunk=L), dtype=a.dtype, arch=a.arch,
-                           rows=rows), f, indent=1)
+                           rows=rows, **(dict(sites=site_rows) if site_rows else {})), f, indent=1)
     return 0
 
 

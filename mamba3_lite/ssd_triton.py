@@ -404,22 +404,23 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 
 # %% ../nbs/01_ssd_triton.ipynb #109e155a
 @triton.jit
-def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dsl_ptr, dh0_ptr, T, H, NC: constexpr,
-                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_RST: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """dL/dH_out of every chunk of one (batch, head), stored per chunk in the dot dtype, and its fp32 product
-    <dH_out, H_in> with the chunk's incoming state: the reverse walk dH <- e^{a_last} dH + (e^{a} ⊙ dY)ᵀ C̃ from dL/dH_T;
-    grid (H, b)."""
+def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, rst_ptr, dy_ptr, dht_ptr, dhs_ptr, dh0_ptr, T, H, NC: constexpr,
+                          L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HAS_DHT: tl.constexpr,
+                          HAS_H0: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """dL/dH_out of every chunk of one (batch, head), stored per chunk in the dot dtype: the reverse walk
+    dH <- e^{a_last} dH + (e^{a} ⊙ dY)ᵀ C̃ from dL/dH_T (0 unless HAS_DHT), and, with HAS_H0, what is left at the
+    start: the gradient of the seed h'_{-1}; grid (H, b)."""
     ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
     bh = ib * H + ih
     t = tl.arange(0, L); p = tl.arange(0, P); n = tl.arange(0, N)
     sto = p[:, None] * N + n[None, :]
-    dh = tl.load(dht_ptr + bh * P * N + sto)                              # dL/dH_out, (P, N)
+    if HAS_DHT:
+        dh = tl.load(dht_ptr + bh * P * N + sto)                          # dL/dH_out, (P, N)
+    else:                                                                 # the final state is not used
+        dh = tl.zeros((P, N), tl.float32)
     for i in tl.range(0, NC):                                          # the chunks in reverse
         c = NC - 1 - i
         tl.store(dhs_ptr + (bh * NC + c) * P * N + sto, dh.to(dhs_ptr.dtype.element_ty))
-        tl.store(dsl_ptr + bh * NC + c, tl.sum(tl.sum(dh * tl.load(hs_ptr + (bh * NC + c) * P * N + sto).to(tl.float32), axis=1),
-                                                       axis=0))
         t0 = ib * T + c * L
         mt = c * L + t < T
         row = (t0 + t) * H + ih
@@ -434,91 +435,103 @@ def _ssd_bwd_state_kernel(ct_ptr, adt_ptr, hs_ptr, rst_ptr, dy_ptr, dht_ptr, dhs
             dec = tl.where(last < 0, dec, 0.)
         dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
         dh = dec * dh + tl.dot(tl.trans(dyea), ct, input_precision=PREC)
-    tl.store(dh0_ptr + bh * P * N + sto, dh)
+    if HAS_H0:
+        tl.store(dh0_ptr + bh * P * N + sto, dh)
 
 # %% ../nbs/01_ssd_triton.ipynb #bb87a265
 @triton.jit
-def _bwd_mask_grads(x, dy, bt_ptr, ct_ptr, bco, mt, t, st, sig, a2, L: tl.constexpr, N: tl.constexpr,
-                    BN: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """The (L, L) part of the DO_X half, held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads it):
-    Wᵀ, the log-decay gradient of the mask (rows +, columns -) and dσ, from dL/d(G σ) ⊙ G."""
-    wt = tl.where(t[:, None] < t[None, :], tl.exp2(tl.minimum(a2[None, :] - a2[:, None], 0.)), 0.)   # Wᵀ
+def _mask_t(t, st, a2, HAS_RST: tl.constexpr):
+    "Wᵀ of one chunk, (L, L), keys along rows: e^{a_t - a_s} for key s < query t, in its document (`st` from `_doc_bounds`)."
+    wt = tl.where(t[:, None] < t[None, :], tl.exp2(tl.minimum(a2[None, :] - a2[:, None], 0.)), 0.)
     if HAS_RST:
         wt = tl.where(t[:, None] >= st[None, :], wt, 0.)
-    pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * wt * _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
-    dwwt = pgt * sig[:, None]                                                          # (dL/dW ⊙ W)ᵀ
-    return wt, tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1), tl.sum(pgt, axis=1)
+    return wt
 
 @triton.jit
-def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, cbd_ptr, gam_ptr, d_ptr, hs_ptr, dy_ptr, dhs_ptr, dsl_ptr, dx_ptr, dadt_ptr,
-                 dsig_ptr, dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea,
-                 ek, wk, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
-                 HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    "The DO_X half of the chunk backward: dX, d(ΔA), dσ, dγ and the chunk's D partial sum."
-    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                               # (L, P), input dtype
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-    rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # γ-diagonal and D skip
-    tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))
-    cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
-    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
-    wt, da, dsig = _bwd_mask_grads(x, dy, bt_ptr, ct_ptr, bco, mt, t, st, sig, a2, L, N, BN, HAS_RST, DOT_DTYPE, PREC)
-    # dX: the intra-chunk product (Gᵀ again: cheaper than holding it), diagonal + skip, and the write into H_out
-    u = tl.zeros((L, P), tl.float32)                                                   # U = B̃ dHᵀ, (L, P)
-    for k in range(0, N, BN):
+def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L: tl.constexpr,
+               P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr, DOT_DTYPE: tl.constexpr,
+               PREC: tl.constexpr):
+    """The DO_BC half's pass over the state, BN columns at a time, each tile of B̃, C̃ (L, BN) and of H_in, dH (P, BN)
+    loaded once; with DO_X, the sums over the state that half needs, Gᵀ = B̃ C̃ᵀ (L, L), U = B̃ dHᵀ (L, P)
+    and the read of H_in's row sums Σ_p (e^a ⊙ dY)_tp (C̃ H_inᵀ)_tp = Σ_n C̃_tn ((e^a ⊙ dY) H_in)_tn (L,),
+    from the product dC̃ needs anyway, returned, with <dH, H_in> (fp32) either way. dB̃ = M C̃ + κX dH + gd C̃ and dC̃ = Mᵀ B̃ + (e^a ⊙ dY) H_in + gd B̃
+    are stored tile by tile, from M = dL/dGᵀ (`mgt`), κX (`xk`), e^a ⊙ dY (`dyea`, all three in the dot dtype) and
+    the γ-diagonal's gd (L,)."""
+    gt = tl.zeros((L, L), tl.float32)
+    u = tl.zeros((L, P), tl.float32)
+    rq = tl.zeros((L,), tl.float32)
+    dsl = tl.zeros((P,), tl.float32)                                                   # <dH, H_in> by rows
+    for k in range(0, N, BN):                                    # pipelined: the loads depend on k only
         n = k + tl.arange(0, BN)
         bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)            # (L, BN), dot dtype
-        u = tl.dot(bt, tl.trans(tl.load(dhs_ptr + sto + n[None, :])), acc=u, input_precision=PREC)
-    gwt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC) * (wt * sig[:, None])        # (G ⊙ W ⊙ σ)ᵀ
+        ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
+        dh = tl.load(dhs_ptr + sto + n[None, :])                                       # dL/dH_out, (P, BN)
+        hin = tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)                        # H_in, (P, BN)
+        dsl += tl.sum(dh.to(tl.float32) * hin.to(tl.float32), axis=1)
+        if DO_X:
+            gt = tl.dot(bt, tl.trans(ct), acc=gt, input_precision=PREC)
+            u = tl.dot(bt, tl.trans(dh), acc=u, input_precision=PREC)
+        eh = tl.dot(dyea, hin, input_precision=PREC)                                  # (e^a ⊙ dY) H_in, (L, BN)
+        if DO_X:
+            rq += tl.sum(ct.to(tl.float32) * eh, axis=1)
+        db = tl.dot(mgt, ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
+        tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
+                 mask=mt[:, None])
+        dct = tl.dot(tl.trans(mgt), bt, acc=eh, input_precision=PREC)
+        tl.store(dc_ptr + bco + n[None, :], (dct + gd[:, None] * bt.to(tl.float32)).to(dc_ptr.dtype.element_ty),
+                 mask=mt[:, None])
+    return gt, u, rq, tl.sum(dsl, axis=0)
+
+# %% ../nbs/01_ssd_triton.ipynb #1adca4b2
+@triton.jit
+def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+                 dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
+                 L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
+                 HAS_RST: tl.constexpr, DO_BC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    """The DO_X half: dX, d(ΔA), dσ, dγ and the chunk's D partial sum, from the sums over the state Gᵀ = B̃ C̃ᵀ,
+    U = B̃ dHᵀ, the read of H_in's row sums `rq` and <dH, H_in> that the DO_BC pass (`_bwd_tiles`) handed over, or, in
+    a launch of its own (<dH, H_in> from the DO_BC launch's store), from three passes over the state tiles, each sum made where it is used and spent before the next
+    (held together they spill on sm_80). X and dY are loaded here, again after DO_BC (cheaper than holding them
+    through its pass). The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
+    them)."""
+    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                               # (L, P), input dtype
+    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+    rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # dY·X per row
+    tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))                            # γ-diagonal and D skip
+    cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
+    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
+    if not DO_BC:
+        gt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
+    gw = gt * _mask_t(t, st, a2, HAS_RST)                                              # (G ⊙ W)ᵀ
+    pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * gw                                   # dL/d(G σ) ⊙ G, transposed
+    dwwt = pgt * sig[:, None]                                                          # (dL/dW ⊙ W)ᵀ
+    da = tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1)                                   # the mask: rows +, columns -
+    dsig = tl.sum(pgt, axis=1)
+    if not DO_BC:
+        u = _read_state(bt_ptr, dhs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)     # B̃ dHᵀ, (L, P)
+    # dX: the intra-chunk product, diagonal + skip, and the write into H_out
     dskip = 0.
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
     gam = tl.load(gam_ptr + row, mask=mt, other=0.)
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)                             # again: cheaper than holding it
-    dx = _mm(gwt, dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32) + wk[:, None] * u
+    dx = (_mm(gw * sig[:, None], dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32)
+          + wk[:, None] * u)
     tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
-    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
     wdot = tl.sum(x.to(tl.float32) * u, axis=1)                                        # B̃·(X dH) per row
     tl.store(dsig_ptr + row, dsig + ek * wdot, mask=mt)
     # log-decay: the read e^{a_t} C̃_t H_in, the write e^{a_last - a_t}, and the chunk end e^{a_last} H_in
-    q = _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)       # C̃ H_inᵀ, (L, P)
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
     r = wk * wdot
-    da += tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1) - r
+    if not DO_BC:
+        q = _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)  # C̃ H_inᵀ, (L, P)
+        rq = tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1)
+    da += rq - r
     dec = tl.exp(a_last)
     if HAS_RST:
         dec = tl.where(last < 0, dec, 0.)
-    da_last = tl.sum(r, axis=0) + dec * tl.load(dsl_ptr + bh * NC + c)
+    if not DO_BC:
+        dsl = tl.load(dsl_ptr + bh * NC + c)
+    da_last = tl.sum(r, axis=0) + dec * dsl
     tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
-
-# %% ../nbs/01_ssd_triton.ipynb #1adca4b2
-@triton.jit
-def _bwd_chunk_bc(x_ptr, bt_ptr, ct_ptr, gam_ptr, hs_ptr, dy_ptr, dhs_ptr, db_ptr, dc_ptr, row, xo, xx, bco, sto, mt, t,
-                  st, sig, a2, ea, wk, N: tl.constexpr, BN: tl.constexpr, HAS_RST: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """The DO_BC half of the chunk backward: dB̃ and dC̃, a tile of BN state columns at a time. Keys: the intra-chunk
-    product (weight σ) and the state write (weight κ); queries: the intra-chunk product and the inter-chunk read;
-    both: the γ-diagonal."""
-    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
-    gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
-    w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.)   # W
-    if HAS_RST:
-        w = tl.where(t[None, :] >= st[:, None], w, 0.)
-    dgs = (_mm(dy, tl.trans(x), DOT_DTYPE, PREC) * w * sig[None, :]).to(DOT_DTYPE)    # dL/dG, (L, L)
-    xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)
-    dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
-    for k in range(0, N, BN):
-        n = k + tl.arange(0, BN)
-        bt = tl.load(bt_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-        ct = tl.load(ct_ptr + bco + n[None, :], mask=mt[:, None], other=0.)
-        dh = tl.load(dhs_ptr + sto + n[None, :])                                       # dL/dH_out, (P, BN), dot dtype
-        hin = tl.load(hs_ptr + sto + n[None, :]).to(DOT_DTYPE)                        # H_in, (P, BN)
-        db = tl.dot(tl.trans(dgs), ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
-        tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
-                 mask=mt[:, None])
-        dct = tl.dot(dgs, bt, acc=tl.dot(dyea, hin, input_precision=PREC), input_precision=PREC)
-        tl.store(dc_ptr + bco + n[None, :], (dct + gd[:, None] * bt.to(tl.float32)).to(dc_ptr.dtype.element_ty),
-                 mask=mt[:, None])
 
 # %% ../nbs/01_ssd_triton.ipynb #0f8d8409
 @triton.jit
@@ -528,9 +541,10 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
                           DO_BC: tl.constexpr, HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr,
                           PREC: tl.constexpr):
     """The gradients of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b).
-    DO_X: those of x, ΔA, σ, γ and D; DO_BC: dB̃ and dC̃ (fp32, in the rotated frame: the angle kernel rotates them
-    back). Either or both: where registers are scarce the two halves run as two launches. The state dimension is
-    visited in tiles of BN columns, and every sum over it is recomputed from memory rather than held."""
+    DO_X: those of x, ΔA, σ, γ and D; DO_BC: dB̃ and dC̃ (in the rotated frame: the angle kernel rotates them back)
+    and <dH_out, H_in>. Either or both: where registers are scarce the two halves run as two launches, DO_BC first,
+    which stores <dH_out, H_in> at `dsl_ptr` for the DO_X launch. In one launch, each tile of the
+    state is loaded once, in one pass of BN-column tiles (`_bwd_tiles`)."""
     c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     bh = ib * H + ih
     x_ptr += ib * sxb                                          # this sequence's rows of x
@@ -539,7 +553,6 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     mt = c * L + t < T
     row = (t0 + t) * H + ih
     xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]                       # dY, dX
-    xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]   # X
     bco = t0 * H * N + (t * H + ih)[:, None] * N                                        # + a tile of state columns
     sto = (bh * NC + c) * P * N + p[:, None] * N                                       # + a tile of state columns
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
@@ -556,46 +569,75 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     else:                                                                              # one document: nothing is read
         st, first, last = t, L, -1
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
+    xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]                              # X
+    gt, u, rq, dsl = wk, wk, wk, 0.                             # placeholders: a DO_X-only launch makes its own
+    if DO_BC:                                                   # the pass over the state, with the DO_X sums
+        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                            # (L, P), input dtype
+        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+        mgt = (_mm(x, tl.trans(dy), DOT_DTYPE, PREC) * _mask_t(t, st, a2, HAS_RST) * sig[:, None]).to(DOT_DTYPE)
+        xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)                            # dL/dGᵀ = (X dYᵀ ⊙ Wᵀ) σ, κX
+        dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
+        gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
+        gt, u, rq, dsl = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L,
+                                    P, N, BN, DO_X, DOT_DTYPE, PREC)
+        if not DO_X:                                            # for the DO_X launch, which runs after this one
+            tl.store(dsl_ptr + bh * NC + c, dsl)
     if DO_X:
-        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, cbd_ptr, gam_ptr, d_ptr, hs_ptr, dy_ptr, dhs_ptr, dsl_ptr, dx_ptr, dadt_ptr,
-                     dsig_ptr, dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last,
-                     ea, ek, wk, L, P, N, BN, HAS_D, HAS_RST, DOT_DTYPE, PREC)
-    if DO_BC:
-        _bwd_chunk_bc(x_ptr, bt_ptr, ct_ptr, gam_ptr, hs_ptr, dy_ptr, dhs_ptr, db_ptr, dc_ptr, row, xo, xx, bco, sto, mt,
-                      t, st, sig, a2, ea, wk, N, BN, HAS_RST, DOT_DTYPE, PREC)
+        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+                     dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
+                     L, P, N, BN, HAS_D, HAS_RST, DO_BC, DOT_DTYPE, PREC)
 
 # %% ../nbs/01_ssd_triton.ipynb #a1568f07
 @triton.jit
-def _angle_head(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
-                ib, ig, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, OM_H, om_hs, G, NJ,
+def _head_angles(om, dt, phi_in, t, st, first, HAS_RST: tl.constexpr):
+    """`_chunk_angles` from a loaded (L, NH) tile of ω: Φ = the wrapped fp32 carry `phi_in` plus the in-chunk cumsum
+    of δ = Δ·ω, restarting at each document start (only the first document adds the carry)."""
+    if HAS_RST:
+        d = dt[:, None] * om
+        cum, _ = tl.associative_scan((d, tl.broadcast_to((st == t).to(tl.int32)[:, None], d.shape)), 0, _seg_add)
+        return _wrap(tl.where((t < first)[:, None], phi_in[None, :], 0.) + cum)
+    return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0))
+
+@triton.jit
+def _with_bias(e, o, bias_ptr, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    "Loaded (L, NH) pair tiles of B or C plus head `ih`'s bias (padding rows stay 0): `_load_bc` after the load."
+    if HAS_BIAS:
+        z = tl.zeros((1,), tl.int32)
+        be, bo = _load_pairs(bias_ptr + ih * N, z, z == 0, N, NH)                     # (1, NH)
+        e = tl.where(mt[:, None], e + be, 0.)
+        o = tl.where(mt[:, None], o + bo, 0.)
+    return e, o
+
+@triton.jit
+def _add_token_sums(acc, g, mine):
+    "Row `mine` of the (heads, NH) `acc` plus the sum of the (L, NH) `g` over the tokens: a head's bias gradient."
+    return tl.where(mine, acc + tl.sum(g, axis=0)[None, :], acc)
+
+@triton.jit
+def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
+                ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ,
                 L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
-    """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs: its dB̃, dC̃ rotated back
-    (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of its angle carry (row `mine` of `gphi`)
-    stepped to the chunk's start; stores its partial bias sums and its dΔ partial sum."""
+    """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs, from the group's B, C pair
+    tiles (even, odd), which the kernel loads once for all its heads, and the head's (L, NH) ω tile `om`: the head's
+    dB̃, dC̃ rotated back (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of its angle carry
+    (row `mine` of `gphi`) stepped to the chunk's start; stores its dΔ partial sum."""
     row = (t0 + t) * H + ih
     xrow = t * H + ih
-    phi, dt, _ = _chunk_angles(om_ptr + t0 * OM_H * S, dt_ptr, row, t * OM_H + ih * om_hs, mt, j,
-                               tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), S,
-                               t, st, first, HAS_RST)
+    dt = tl.load(dt_ptr + row, mask=mt, other=0.)
+    phi = _head_angles(om, dt, tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), t, st,
+                       first, HAS_RST)
     cs, sn = tl.cos(phi), tl.sin(phi)
-    z = tl.zeros((1,), tl.int32)
     # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
-    be, bo = _load_bc(b_ptr + t0 * G * N, bb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
+    be, bo = _with_bias(b_e, b_o, bb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
     be, bo = _rotate(be, bo, cs, sn)
     ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi = go * be - ge * bo
     gbe, gbo = ge * cs + go * sn, go * cs - ge * sn
-    if HAS_BIAS:
-        _store_pairs(dbb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(gbe, axis=0)[None, :],
-                     tl.sum(gbo, axis=0)[None, :], N, NH)
-    ce, co = _load_bc(c_ptr + t0 * G * N, cb_ptr + 2 * jb * NH, t * G + ig, ih, mt, N, NH, HAS_BIAS)
+    ce, co = _with_bias(c_e, c_o, cb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
     ce, co = _rotate(ce, co, cs, sn)
     ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi += go * ce - ge * co
     gce, gco = ge * cs + go * sn, go * cs - ge * sn
-    if HAS_BIAS:
-        _store_pairs(dcb_ptr + ((ib * NC + c) * H + ih) * N, z, z == 0, tl.sum(gce, axis=0)[None, :],
-                     tl.sum(gco, axis=0)[None, :], N, NH)
     g_h = tl.sum(tl.where(mine, gphi, 0.), axis=0)                               # this head's carry
     if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens, and the carry out if in the last one
         rev, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add, reverse=True)
@@ -604,8 +646,6 @@ def _angle_head(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, 
     else:
         ddl = tl.cumsum(dphi, axis=0, reverse=True) + g_h[None, :]                  # dL/dδ, δ = Δ·ω
         g_h += tl.sum(dphi, axis=0)
-    om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :],   # ω again:
-                 mask=mt[:, None] & (j < S)[None, :], other=0.)                                 # cheaper than holding it
     tl.store(ddt_ptr + row * NJ + jb, tl.sum(ddl * om, axis=1), mask=mt)                    # ω = 0 for j >= S
     return gbe, gbo, gce, gco, ddl * dt[:, None], g_h
 
@@ -616,7 +656,8 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
                           L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr, HGP: tl.constexpr,
                           OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Rotate the dB̃, dC̃ of the HG heads of one (batch, group) back and sum them over the heads into the group's dB,
-    dC (stored once, in B's dtype), per chunk and head into partial bias sums; turn the angle gradient into dω (summed
+    dC (stored once, in B's dtype), and over the tokens into the heads' bias gradients of this sequence (stored at
+    the end); turn the angle gradient into dω (summed
     over the heads where ω is shared), dΔ (a partial sum per block of pairs) and dΦ₀: a reverse walk over the chunks
     carrying dL/d(angle carry) of every head of the group, (HGP, NH); grid (G, b, blocks of NH pairs)."""
     ig, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
@@ -627,6 +668,8 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
     mj = (hr < HG)[:, None] & (j < S)[None, :]
     gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
     gphi = tl.load(dphit_ptr + gph, mask=mj, other=0.)                  # dL/d(angle carry out of the chunk), per head
+    sbe = tl.zeros((HGP, NH), tl.float32); sbo = tl.zeros((HGP, NH), tl.float32)   # the heads' bias gradients,
+    sce = tl.zeros((HGP, NH), tl.float32); sco = tl.zeros((HGP, NH), tl.float32)   # (even, odd) pairs of B, C
     for i in tl.range(0, NC):                                          # the chunks in reverse
         c = NC - 1 - i
         t0 = ib * T + c * L
@@ -639,26 +682,33 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         dbe = tl.zeros((L, NH), tl.float32); dbo = tl.zeros((L, NH), tl.float32)   # the group's dB, dC pairs
         dce = tl.zeros((L, NH), tl.float32); dco = tl.zeros((L, NH), tl.float32)
         dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
+        b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)   # the group's B, C: once for its heads
+        c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
+        mom = mt[:, None] & (j < S)[None, :]                      # ω: once a head (held for all of them, fp32 spills)
         for hh in range(HG):
             ih = ig * HG + hh
             mine = (hr == hh)[:, None]
+            om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
             ge, go, he, ho, dom_h, g_h = _angle_head(
-                b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, dbb_ptr, dcb_ptr, ddt_ptr,
-                ib, ig, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine,
-                H, S, NC, OM_H, om_hs, G, NJ, L, N, NH, HAS_BIAS, HAS_RST)
+                b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
+                ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
             dbe += ge; dbo += go; dce += he; dco += ho
+            if HAS_BIAS:
+                sbe, sbo = _add_token_sums(sbe, ge, mine), _add_token_sums(sbo, go, mine)
+                sce, sco = _add_token_sums(sce, he, mine), _add_token_sums(sco, ho, mine)
             gphi = tl.where(mine, g_h[None, :], gphi)
             if OM_SHARED:
                 dom_g += dom_h
             else:
-                tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h,
-                         mask=mt[:, None] & (j < S)[None, :])
+                tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
         _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
         _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
         if OM_SHARED:
-            tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g,
-                     mask=mt[:, None] & (j < S)[None, :])
+            tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g, mask=mom)
     tl.store(dphi0_ptr + gph, gphi, mask=mj)
+    if HAS_BIAS:                                                          # rows (b, H) of (b, H, N)
+        _store_pairs(dbb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sbe, sbo, N, NH)
+        _store_pairs(dcb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sce, sco, N, NH)
 
 # %% ../nbs/01_ssd_triton.ipynb #e49d6212
 KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the launch order: forward, then backward
@@ -669,7 +719,7 @@ _DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},   
 _DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
 _DEFAULT_CONFIG[90]["fwd"].update(split=False)
 _DEFAULT_CONFIG[80]["bwd_chunk"].update(BN=16, split=True)
-_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=64, split=False)
+_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=32, split=False)
 # two stages where the main loops feed tensor-core dots from memory (the forward's chunk loop, the chunk backward's
 # loops over state tiles): the loads of the next iteration are issued (cp.async) while this one computes
 for _arch_cfg in _DEFAULT_CONFIG.values():
@@ -737,9 +787,9 @@ def _rotate_tiles(N, HG, dtype=torch.bfloat16):
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
 # N = 128 and 64, with and without resets, every launch (tests/test_ssd_triton.py compiles them all)
 _AUTOTUNE_MORE = {80: dict(rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
-                           bwd_chunk=[(8, 1, 32), (8, 1, 16), (8, 1, 64)], bwd_angle=[]),
-                  90: dict(rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32), (8, 1, 64), (8, 2, 32)],
-                           bwd_angle=[(4, 1)])}
+                           bwd_chunk=[(8, 1, 32), (8, 1, 16)], bwd_angle=[]),
+                  90: dict(rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
+                           bwd_angle=[])}
 
 def autotune_configs(kind, arch=90, N=128, dtype=torch.bfloat16):
     """The launch configs `triton.autotune` times for kernel `kind` on `arch` at d_state N: the default first. Their
@@ -857,14 +907,14 @@ def _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, gB, gC, dphit, chunk_size, ha
     dom = torch.empty(b, T, G if OM_H == 1 else H, S, **f32)            # shared ω: summed over the group's heads
     ddt = torch.empty(b, T, H, NJ, **f32)                                # dΔ: one sum per pair block
     dphi0 = torch.empty(b, H, S, **f32)
-    pB, pC = (torch.empty(b, NC, H, N, **f32) if Bb is not None else torch.empty(0, **f32) for _ in range(2))
+    pB, pC = (torch.empty(b, H, N, **f32) if Bb is not None else torch.empty(0, **f32) for _ in range(2))
     _launch(_ssd_bwd_angle_kernel, "bwd_angle", (G, b, NJ), B, C, dt if Bb is None else Bb,
             dt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dphit, dB, dC, pB, pC, dom, ddt, dphi0,
             T, H, S, NC, OM_H, int(OM_H > 1), G, L=chunk_size, N=N, NH=JB, HG=H // G,
             HGP=triton.next_power_of_2(H // G), OM_SHARED=OM_H == 1, HAS_BIAS=Bb is not None, HAS_RST=has_rst, dtype=dtype)
     if OM_H == 1 and G > 1: dom = dom.sum(2, keepdim=True)               # ω shared by all heads
-    dBb, dCb = ((pB.sum((0, 1)).to(Bb.dtype), pC.sum((0, 1)).to(Cb.dtype)) if Bb is not None
-                else (torch.empty(0, **f32), torch.empty(0, **f32)))    # (H, N), from the (b, chunk) partial sums
+    dBb, dCb = ((pB.sum(0).to(Bb.dtype), pC.sum(0).to(Cb.dtype)) if Bb is not None
+                else (torch.empty(0, **f32), torch.empty(0, **f32)))    # (H, N), from the sequences' sums
     return dB, dC, dBb, dCb, dom, ddt.sum(-1), dphi0
 
 # %% ../nbs/01_ssd_triton.ipynb #a45b2aef
@@ -872,10 +922,10 @@ def _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, gB, gC, dphit, chunk_size, ha
 def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor],
              Cb: Optional[Tensor], Bt: Tensor, Ct: Tensor, cbd: Tensor, adt: Tensor, sig: Tensor, gam: Tensor,
              om: Optional[Tensor], dt: Tensor, D: Optional[Tensor], hs: Tensor, phis: Tensor, rst: Optional[Tensor],
-             chunk_size: int, precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+             chunk_size: int, precision: str, has_h0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                       Tensor, Tensor, Tensor]:
     """Backward SSD: gradients of (x, B, C, B_bias, C_bias, ΔA, σ, γ, ω, Δ (angle path), D, h'_{-1}, Φ₀); empty for
-    the inputs that are absent."""
+    the inputs that are absent (h'_{-1} unless `has_h0`). `dht` empty: no gradient reaches the final state."""
     b, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
     NC = triton.cdiv(T, chunk_size)
@@ -884,9 +934,9 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dots = dict(L=chunk_size, P=P, N=N, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, dtype=x.dtype)
     rst_, has_rst = (adt if rst is None else rst), rst is not None
     dhs = torch.empty(b, H, NC, P, N, device=x.device, dtype=Ct.dtype)   # dL/dH_out per chunk, dot dtype
-    dsl, dh0 = torch.empty(b, H, NC, **f32), torch.empty(b, H, P, N, **f32)
-    _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, hs, rst_, dy, dht, dhs, dsl, dh0, T, H,
-            NC, **dots, HAS_RST=has_rst)
+    dh0 = torch.empty(b, H, P, N, **f32) if has_h0 else none()
+    _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, rst_, dy, dht, dhs, dh0, T, H, NC, **dots,
+            HAS_DHT=dht.numel() > 0, HAS_H0=has_h0, HAS_RST=has_rst)
     per_head = G == H and Bb is None
     if om is None:                   # no rotation: the chunk kernel writes dB, dC (per-head fp32 where heads share)
         out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
@@ -896,7 +946,9 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
     dD = torch.empty(b, H, NC, **f32)
-    halves = ((True, False), (False, True)) if _launch_config("bwd_chunk", N, x.dtype)["split"] else ((True, True),)
+    split = _launch_config("bwd_chunk", N, x.dtype)["split"]
+    dsl = torch.empty(b, H, NC, **f32) if split else none()              # <dH_out, H_in>, from DO_BC to DO_X
+    halves = ((False, True), (True, False)) if split else ((True, True),)   # (DO_X, DO_BC): DO_BC first
     for do_x, do_bc in halves:
         _launch(_ssd_bwd_chunk_kernel, "bwd_chunk", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam,
                 adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC,
@@ -932,11 +984,11 @@ def _ssd_backward(ctx, dy, dht, dphit, *_):
     b, T, H, P = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
     dy = torch.zeros(x.shape, device=x.device, dtype=x.dtype) if dy is None else dy.contiguous()
-    dht = torch.zeros(b, H, P, B.shape[-1], **f32) if dht is None else dht.float().contiguous()
+    dht = torch.empty(0, **f32) if dht is None else dht.float().contiguous()     # empty: no gradient of H_T
     dphit = (torch.zeros(b, H, 0 if om is None else om.shape[-1], **f32) if dphit is None
              else dphit.float().contiguous())
     g = torch.ops.mamba3_lite.ssd_bwd(dy, dht, dphit, x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis,
-                                      rst, chunk_size, precision)
+                                      rst, chunk_size, precision, has_h0)
     dx, dB, dC, dBb, dCb, dadt, dsig, dgam, dom, ddt, dD, dh0, dphi0 = g
     return (dx, dB, dC, _none_if_empty(dBb), _none_if_empty(dCb), dadt, dsig, dgam, _none_if_empty(dom),
             _none_if_empty(ddt), _none_if_empty(dD), dh0 if has_h0 else None, dphi0 if has_phi0 else None,

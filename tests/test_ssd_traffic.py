@@ -64,11 +64,25 @@ def test_multilinear_fit_is_exact_and_extrapolates():
 def test_the_op_reads_x_in_place_stores_bf16_states_and_reduces_heads_on_chip():
     """At b1 T128 H2 (P64 N128 S32, chunk 64, bf16 operands as on a GPU, shared B/C + biases): x, a strided view of
     the in-projection, is read in place (no copy of its b·T·H·P elements); the fused forward writes y, the per-chunk states in bf16 and the
-    final fp32 state, nothing else; the backward materialises no zero gradients for the outputs only it reads (its
-    only zeros are the absent dL/dH_T and dL/dΦ_T), and PyTorch sums no per-head fp32 dB, dC over heads."""
+    final fp32 state, nothing else; the backward materialises no zero gradients for the outputs only it reads nor
+    for the absent dL/dH_T (its only zeros are the absent dL/dΦ_T), and PyTorch sums no per-head fp32 dB, dC over
+    heads."""
     b, T, H, P, N, S, L = 1, 128, 2, 64, 128, 32, 64
     c = traffic.count(b, T, H)
     assert c.get(("torch:clone", "fwd"), {}).get("read", 0) < b * T * H * P * 2, c.get(("torch:clone", "fwd"))
     assert c[("fwd", "fwd")]["write"] == b * T * H * P * 2 + b * H * (T // L) * P * N * 2 + b * H * P * N * 4
-    assert c[("torch:zeros", "bwd")]["write"] == b * H * P * N * 4 + b * H * S * 4
+    assert c[("torch:zeros", "bwd")]["write"] == b * H * S * 4
     assert c[("torch:sum", "bwd")]["read"] < b * T * H * N * 4, c[("torch:sum", "bwd")]
+
+
+def test_sites_split_each_kernels_bytes_by_source_line():
+    "`count(..., sites=True)`: per kernel, the bytes of its load/store sites add up to its row; each site names a line."
+    out = traffic.count(1, 64, 1, P=16, N=32, S=8, L=16, sites=True)
+    kernels = {k: r for k, r in out.items() if len(k) == 2 and not k[0].startswith("torch:")}
+    assert set(kernels) >= {("bwd_chunk", "bwd"), ("fwd", "fwd")}
+    for key, r in kernels.items():
+        sites = {k[2]: v for k, v in out.items() if len(k) == 3 and k[:2] == key}
+        assert all(s.startswith("_ssd_") and ":" in s for s in sites), sites
+        for field in ("read", "write"):
+            assert sum(v[field] for v in sites.values()) == r[field], (key, field)
+    print(len([k for k in out if len(k) == 3]), "sites")
