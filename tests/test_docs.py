@@ -255,9 +255,15 @@ def ssd_mamba2_quotes(result):
     return [f"`ssd_minimal_discrete` takes {ratios[0]} our time", f"and {ratios[1]} at T ="]
 
 
+def ssd_traffic_quotes(result):
+    total = {r["phase"]: r["bytes"] / 1e9 for r in result["rows"] if r["kernel"] == "total"}
+    return [f"forward **{total['fwd']:.2f} GB**, forward + backward **{total['fwd+bwd']:.2f} GB**"]
+
+
 TRAIN_CPU = newest("train_cpu_2???-??-??.json")
 QUOTED_RESULTS = {TRAIN_CPU: train_cpu_quotes, "decode_cpu_ops_2026-12-02.json": decode_cpu_quotes,
-                  newest("ssd_cpu_mamba2_2???-??-??.json"): ssd_mamba2_quotes, newest("train_cpu_compile_2???-??-??.json"): train_cpu_compile_quotes}
+                  newest("ssd_cpu_mamba2_2???-??-??.json"): ssd_mamba2_quotes, newest("train_cpu_compile_2???-??-??.json"): train_cpu_compile_quotes,
+                  newest("ssd_traffic_2???-??-??.json"): ssd_traffic_quotes}
 
 
 def markdown_text(nb):
