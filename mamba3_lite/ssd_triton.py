@@ -599,16 +599,6 @@ def _head_angles(om, dt, phi_in, t, st, first, HAS_RST: tl.constexpr):
     return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0))
 
 @triton.jit
-def _with_bias(e, o, bias_ptr, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
-    "Loaded (L, NH) pair tiles of B or C plus head `ih`'s bias (padding rows stay 0): `_load_bc` after the load."
-    if HAS_BIAS:
-        z = tl.zeros((1,), tl.int32)
-        be, bo = _load_pairs(bias_ptr + ih * N, z, z == 0, N, NH)                     # (1, NH)
-        e = tl.where(mt[:, None], e + be, 0.)
-        o = tl.where(mt[:, None], o + bo, 0.)
-    return e, o
-
-@triton.jit
 def _add_token_sums(acc, g, mine):
     "Row `mine` of the (heads, NH) `acc` plus the sum of the (L, NH) `g` over the tokens: a head's bias gradient."
     return tl.where(mine, acc + tl.sum(g, axis=0)[None, :], acc)
@@ -628,12 +618,12 @@ def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr
                        first, HAS_RST)
     cs, sn = tl.cos(phi), tl.sin(phi)
     # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
-    be, bo = _with_bias(b_e, b_o, bb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
+    be, bo = _add_bias(b_e, b_o, bb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
     be, bo = _rotate(be, bo, cs, sn)
     ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi = go * be - ge * bo
     gbe, gbo = ge * cs + go * sn, go * cs - ge * sn
-    ce, co = _with_bias(c_e, c_o, cb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
+    ce, co = _add_bias(c_e, c_o, cb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
     ce, co = _rotate(ce, co, cs, sn)
     ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi += go * ce - ge * co
