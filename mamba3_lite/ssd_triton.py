@@ -589,16 +589,6 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
 
 # %% ../nbs/01_ssd_triton.ipynb #a1568f07
 @triton.jit
-def _head_angles(om, dt, phi_in, t, st, first, HAS_RST: tl.constexpr):
-    """`_chunk_angles` from a loaded (L, NH) tile of ω: Φ = the wrapped fp32 carry `phi_in` plus the in-chunk cumsum
-    of δ = Δ·ω, restarting at each document start (only the first document adds the carry)."""
-    if HAS_RST:
-        d = dt[:, None] * om
-        cum, _ = tl.associative_scan((d, tl.broadcast_to((st == t).to(tl.int32)[:, None], d.shape)), 0, _seg_add)
-        return _wrap(tl.where((t < first)[:, None], phi_in[None, :], 0.) + cum)
-    return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0))
-
-@triton.jit
 def _add_token_sums(acc, g, mine):
     "Row `mine` of the (heads, NH) `acc` plus the sum of the (L, NH) `g` over the tokens: a head's bias gradient."
     return tl.where(mine, acc + tl.sum(g, axis=0)[None, :], acc)
@@ -614,8 +604,8 @@ def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr
     row = (t0 + t) * H + ih
     xrow = t * H + ih
     dt = tl.load(dt_ptr + row, mask=mt, other=0.)
-    phi = _head_angles(om, dt, tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), t, st,
-                       first, HAS_RST)
+    phi = _angles(om, dt, tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), t, st,
+                 first, HAS_RST)
     cs, sn = tl.cos(phi), tl.sin(phi)
     # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
     be, bo = _add_bias(b_e, b_o, bb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
