@@ -507,17 +507,17 @@ def _weighted(QK, M):
     return (QK.unflatten(-1, (L, R)).unflatten(-3, (L, R)) * M[..., :, None, :, None]).reshape(QK.shape)
 
 # %% ../nbs/00_ssd.ipynb #0d0f5ec4
+def _pairs(v, S):
+    "The pairs (2j, 2j+1), j < S, of v (..., N) as a complex view (..., S)."
+    return torch.view_as_complex(v[..., :2 * S].unflatten(-1, (S, 2)))
+
 def _turned(v, u):
     "A copy of v (..., N) whose pairs (2j, 2j+1), j < S, as complex numbers are multiplied by u (..., S): by e^{iφ}, rotated by φ."
     S, N = u.shape[-1], v.shape[-1]
     out = torch.empty(*v.shape[:-1], N + N % 2, dtype=v.dtype, device=v.device)[..., :N]   # an even row stride: complex view
     out.copy_(v)
-    torch.view_as_complex(out[..., :2 * S].unflatten(-1, (S, 2))).mul_(u)
+    _pairs(out, S).mul_(u)
     return out
-
-def _pairs(v, S):
-    "The pairs (2j, 2j+1), j < S, of v (..., N) as a complex view (..., S)."
-    return torch.view_as_complex(v[..., :2 * S].unflatten(-1, (S, 2)))
 
 class _Rotated(torch.autograd.Function):
     "(B̃, C̃) = (`rotate_pairs`(B, φ), `rotate_pairs`(C, φ)): B, C (..., N), phi (..., S) broadcasting to them."
