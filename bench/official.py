@@ -18,3 +18,16 @@ def official_attr(module: str, name: str):
         pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
         sys.modules["mamba_ssm"] = pkg
     return getattr(importlib.import_module(f"mamba_ssm.{module}"), name)
+
+
+def official_or_reason(module: str, name: str, missing: str):
+    """`official_attr(module, name)`, or one line saying why it is unavailable: `missing` when no mamba_ssm package is
+    found, the import's error otherwise (benchmarks report it and go on without the official code)."""
+    try:
+        return official_attr(module, name)
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name == "mamba_ssm":
+            return f"mamba_ssm unavailable: {missing}"
+        return f"{name} unavailable: {type(e).__name__}: {e}"[:200]
+    except Exception as e:
+        return f"{name} unavailable: {type(e).__name__}: {e}"[:200]

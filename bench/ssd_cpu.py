@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 import baseline
-from official import official_attr
+from official import official_or_reason
 from mamba3_lite.config import physical_cores
 
 from mamba3_lite.ssd import ssd_chunked, ssd_naive, ssd_random_inputs
@@ -51,15 +51,8 @@ def best_time(fn, repeats, clock):
 def load_minimal(root=None):
     "The official `ssd_minimal_discrete`, or one line saying why it is unavailable."
     if root: sys.path.insert(0, str(root))
-    try:
-        ssd_minimal_discrete = official_attr("modules.ssd_minimal", "ssd_minimal_discrete")
-    except ModuleNotFoundError as e:
-        if e.name is None or e.name == "mamba_ssm":
-            return "mamba_ssm not found (pip install it, or pass --mamba-ssm DIR holding the mamba_ssm package)"
-        return f"ssd_minimal_discrete unavailable: {type(e).__name__}: {e}"[:200]
-    except Exception as e:
-        return f"ssd_minimal_discrete unavailable: {type(e).__name__}: {e}"[:200]
-    return ssd_minimal_discrete
+    return official_or_reason("modules.ssd_minimal", "ssd_minimal_discrete",
+                              "not found (pip install it, or pass --mamba-ssm DIR holding the mamba_ssm package)")
 
 
 def mamba2_rows(a, clock):

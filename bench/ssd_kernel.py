@@ -48,7 +48,7 @@ import torch  # noqa: E402
 
 from mamba3_lite.ssd import SSDState, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state  # noqa: E402
 from mamba3_lite.ssd_triton import ssd_triton  # noqa: E402
-from official import official_attr  # noqa: E402
+from official import official_or_reason  # noqa: E402
 
 
 # ---------------------------------------------------------------- shapes, FLOPs, bytes
@@ -169,14 +169,9 @@ def load_fla(keep):
 
 def load_official(keep):
     "The official `mamba3_siso_combined` (https://github.com/state-spaces/mamba, mamba_ssm/ops/triton/mamba3/), bench/official.py's way."
-    try:
-        mamba3_siso_combined = official_attr("ops.triton.mamba3.mamba3_siso_combined", "mamba3_siso_combined")
-    except ModuleNotFoundError as e:
-        if e.name is None or e.name == "mamba_ssm":
-            return "mamba_ssm unavailable: not installed (bench/fetch_peers.sh builds its wheel into bench/peers/)"
-        return f"mamba_ssm unavailable: {type(e).__name__}: {e}"[:200]
-    except Exception as e:
-        return f"mamba_ssm unavailable: {type(e).__name__}: {e}"[:200]
+    mamba3_siso_combined = official_or_reason("ops.triton.mamba3.mamba3_siso_combined", "mamba3_siso_combined",
+                                              "not installed (bench/fetch_peers.sh builds its wheel into bench/peers/)")
+    if isinstance(mamba3_siso_combined, str): return mamba3_siso_combined
     before, after = limit_autotune(peer_modules("mamba_ssm"), keep)
     return mamba3_siso_combined, f"official: ok, autotune configs {after} of {before}"
 
