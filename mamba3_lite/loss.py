@@ -36,16 +36,28 @@ def _loss_chunks(h, weight, targets, chunk: int, dtype, ignore_index: int, grads
     total = torch.zeros((), dtype=acc, device=h.device)
     grad_h = torch.empty_like(h) if grads else None
     grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if grads else None
+    buf = torch.empty(min(chunk, h.shape[0]), w.shape[0], dtype=acc, device=h.device) if dtype == acc else None
     for s in range(0, h.shape[0], chunk):
         hc, tc, vc = h[s:s + chunk].to(dtype), targets[s:s + chunk].clamp_min(0), valid[s:s + chunk]
-        logp = torch.log_softmax((hc @ w.T).to(acc), -1)
-        total -= torch.where(vc, logp.gather(1, tc[:, None])[:, 0], 0).sum()
+        z = torch.mm(hc, w.T, out=buf[:hc.shape[0]]) if buf is not None else (hc @ w.T).to(acc)   # logits
+        zmax = z.amax(1, keepdim=True)
+        zt = z.gather(1, tc[:, None])                             # the target's logit, before z is overwritten
+        e = z.sub_(zmax).exp_()                                   # exp(z - max), in place: the only exp pass
+        se = e.sum(1, keepdim=True)
+        total += torch.where(vc, (se.log() + zmax - zt)[:, 0], 0).sum()   # -log softmax at the target
         if grads:
-            g = logp.exp_()                                       # softmax, in place
-            g[torch.arange(tc.shape[0], device=h.device), tc] -= 1
-            g = g.mul_((vc / n_valid)[:, None]).to(dtype)        # G = (P - Y) / n, ignored rows 0
-            grad_h[s:s + chunk] = g @ w
-            grad_w += (g.T @ hc).to(acc)
+            r = vc / n_valid                                      # 1/n per row, ignored rows 0
+            g = e.mul_(r[:, None] / se)                           # P / n, in place
+            g[torch.arange(tc.shape[0], device=h.device), tc] -= r   # G = (P - Y) / n
+            g = g.to(dtype)
+            if g.dtype == grad_h.dtype:
+                torch.mm(g, w, out=grad_h[s:s + chunk])
+            else:
+                grad_h[s:s + chunk] = g @ w
+            if g.dtype == acc:
+                grad_w.addmm_(g.T, hc)                            # accumulated in place, no (V,d) temporary
+            else:
+                grad_w += (g.T @ hc).to(acc)
     return total / n_valid, grad_h, grad_w
 
 # %% ../nbs/03a_loss.ipynb #32cc594b
