@@ -557,11 +557,12 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     if S: phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset, chunked=True)   # Φ (b, H, n_c, L, S)
     a_c, g_c, s_c = (_to_chunks(t, L) for t in (adt, gamma, sigma))     # ΔA, γ, σ (b, H, n_c, L)
     nc = a_c.shape[2]
-    Bc, Cc, Xc = (_to_chunks(t, L).contiguous() for t in (z.B, z.C, z.x))   # (b, H, n_c, L, R, N | N | P), in that order
+    Bc, Cc, Xc = _to_chunks(z.B, L), _to_chunks(z.C, L), _to_chunks(z.x, L).contiguous()   # (b, H, n_c, L, R, N | N | P)
     if S and torch.compiler.is_compiling():                           # B̃, C̃ (no complex kernels in Inductor)
         tables = rotation_tables(phi[..., None, :], N)
         Bc, Cc = rotate_pairs(Bc, phi[..., None, :], tables), rotate_pairs(Cc, phi[..., None, :], tables)
     elif S: Bc, Cc = _Rotated.apply(Bc, Cc, phi[..., None, :])
+    else: Bc, Cc = Bc.contiguous(), Cc.contiguous()                   # (with angles the rotation writes them contiguous)
     rows = lambda t: t.reshape(b, H, nc, L * R, t.shape[-1])
     per_row = lambda t: t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
     Q, K, V = rows(Cc), rows(Bc), rows(Xc)                              # (b, H, n_c, L·R, N | N | P)
