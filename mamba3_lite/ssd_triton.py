@@ -705,13 +705,13 @@ _DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=32, split=False)
 for _arch_cfg in _DEFAULT_CONFIG.values():
     for _k in ("fwd", "bwd_chunk"): _arch_cfg[_k]["num_stages"] = 2
 
-# fp32 inputs: their ieee dots run on the FMA units, where each thread holds whole rows of both operands; at chunks
-# of 32 or 64 tokens the (L, L) products spill thousands of bytes on both arches, at 16 they fit. So fp32 runs the
-# kernels at chunks of at most FP32_CHUNK tokens, with its own configs: the forward as two launches on both arches
-# (8 warps, 64-column tiles), the chunk backward on sm_90 over 32-column tiles, the rotation at N <= 64 on one warp
+# fp32 inputs: ieee dots on the FMA units hold whole operand rows per thread; at chunks of 32 or 64 tokens the
+# (L, L) products spill thousands of bytes on both arches, at 16 they fit. So fp32 runs at chunks of at most
+# FP32_CHUNK tokens, with its own configs: the forward as two launches (8 warps, 64-column tiles), sm_90's chunk
+# backward over 32 columns, the angle backward on 16 warps (8 spill on Triton 3.6), the rotation at N <= 64 on 1 warp
 FP32_CHUNK = 16
-_FP32_CONFIG = {80: dict(fwd=dict(num_warps=8, BN=64)),
-                90: dict(fwd=dict(num_warps=8, BN=64, split=True), bwd_chunk=dict(BN=32))}
+_FP32_CONFIG = {80: dict(fwd=dict(num_warps=8, BN=64), bwd_angle=dict(num_warps=16)),
+                90: dict(fwd=dict(num_warps=8, BN=64, split=True), bwd_chunk=dict(BN=32), bwd_angle=dict(num_warps=16))}
 
 def kernel_chunk(chunk_size, dtype=torch.bfloat16):
     "The chunk the kernels run at for inputs of `dtype`: chunk_size, but at most FP32_CHUNK tokens for fp32."
