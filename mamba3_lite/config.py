@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +26,11 @@ from .model import ModelConfig, check_fits_in_memory
 
 # %% auto #0
 __all__ = ['SEED_MAX', 'SEED_MAX_TEXT', 'RESUME_META', 'MODEL_KNOBS_ON_RESUME', 'FIXED_ON_RESUME', 'OPTIMIZER_KEYS',
-           'SMALL_MACHINE_CORES', 'CPU_FAILING_COMPILE_MODES', 'ConfigError', 'DataConfig', 'LoopConfig',
-           'TrainingConfig', 'check_ranges', 'config_from_dict', 'config_to_dict', 'ConfigLoader', 'packaged_configs',
-           'config_path', 'load_config', 'apply_overrides', 'apply_triton_opt_in', 'build_model_config',
-           'check_resume_meta', 'config_changes', 'refused_changes', 'dry_run_config', 'physical_cores', 'auto_threads',
-           'apply_num_threads', 'compile_mode_for']
+           'CPU_FAILING_COMPILE_MODES', 'ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'check_ranges',
+           'config_from_dict', 'config_to_dict', 'ConfigLoader', 'packaged_configs', 'config_path', 'load_config',
+           'apply_overrides', 'apply_triton_opt_in', 'build_model_config', 'check_resume_meta', 'config_changes',
+           'refused_changes', 'dry_run_config', 'physical_cores', 'busy_cores', 'auto_threads', 'apply_num_threads',
+           'compile_mode_for']
 
 # %% ../nbs/09_config.ipynb #a2abc34a
 class ConfigError(ValueError):
@@ -309,9 +310,6 @@ def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
         warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(checkpoint_dir)))
 
 # %% ../nbs/09_config.ipynb #cb11fae8
-SMALL_MACHINE_CORES = 2  # at most this many physical cores: `auto` is one thread (see above)
-
-
 def _cgroup_cpus():
     "CPUs allowed by a cgroup v2 quota (`cpu.max`), or None."
     try:
@@ -337,29 +335,45 @@ def physical_cores() -> int:
     return max(1, min(len(cores), quota) if quota else len(cores))
 
 
-def auto_threads(env=None, log=print) -> int:
-    "The thread count `num_threads: auto` means here (see above); logs a note when the machine looks shared."
+def busy_cores(sample_s: float = 0.2) -> float:
+    "Cores other processes keep busy: the non-idle share of this process's CPUs over `sample_s` of /proc/stat (we sleep)."
+    try:
+        cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+        def idle_total():
+            rows = [l.split() for l in Path("/proc/stat").read_text().splitlines() if l.split()[0] in cpus]
+            return sum(int(r[4]) + int(r[5]) for r in rows), sum(sum(map(int, r[1:9])) for r in rows)
+        (i0, t0), _, (i1, t1) = idle_total(), time.sleep(sample_s), idle_total()
+        share = 1 - (i1 - i0) / max(1, t1 - t0)                       # of len(cpus) logical CPUs
+        return share * physical_cores()
+    except (AttributeError, OSError, ValueError, IndexError):         # no /proc/stat or affinity: the load average
+        return min(os.getloadavg()[0], physical_cores()) if hasattr(os, "getloadavg") else 0.0
+
+
+def auto_threads(env=None, log=print, busy=None) -> int:
+    "The thread count `num_threads: auto` means here (see above), given `busy` cores (default: `busy_cores()`)."
     env = os.environ if env is None else env
     if env.get("OMP_NUM_THREADS", "").strip().isdigit() and int(env["OMP_NUM_THREADS"]) >= 1:
         return int(env["OMP_NUM_THREADS"])
     cores = physical_cores()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if load > cores:
-        log(f"[cpu] the machine looks shared (load average {load:.1f} on {cores} cores); "
-            "set training.num_threads if fewer threads run faster")
-    mine = max(1, cores // max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1)))
-    return 1 if cores <= SMALL_MACHINE_CORES else mine
+    busy = min(cores, round(busy_cores() if busy is None else busy))
+    if busy:
+        log(f"[cpu] the machine looks shared: {busy} of {cores} cores busy with other work; `auto` leaves them alone")
+    return max(1, (cores - busy) // max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1)))
 
 
 def apply_num_threads(setting, device_type: str, log=print) -> int:
     "Set torch's CPU threads from a `training.num_threads` value on `device_type`; returns the count in use."
+    global _AUTO_THREADS
     if setting == "auto" and device_type == "cpu":
-        n = auto_threads(log=log)
-        torch.set_num_threads(n)
-        log(f"[cpu] {n} thread{'s' * (n > 1)} (training.num_threads: auto; {physical_cores()} physical cores available)")
+        if _AUTO_THREADS is None: _AUTO_THREADS = auto_threads(log=log)    # once a process: runs in it compute alike
+        torch.set_num_threads(_AUTO_THREADS)
+        log(f"[cpu] {_AUTO_THREADS} thread{'s' * (_AUTO_THREADS > 1)} (training.num_threads: auto; {physical_cores()} physical cores available)")
     elif isinstance(setting, int):
         torch.set_num_threads(setting)
     return torch.get_num_threads()
+
+
+_AUTO_THREADS = None  # the first `auto` choice of this process
 
 # %% ../nbs/09_config.ipynb #a7c1acb3
 CPU_FAILING_COMPILE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
