@@ -354,11 +354,12 @@ def auto_threads(env=None, log=print, busy=None) -> int:
     env = os.environ if env is None else env
     if env.get("OMP_NUM_THREADS", "").strip().isdigit() and int(env["OMP_NUM_THREADS"]) >= 1:
         return int(env["OMP_NUM_THREADS"])
-    cores = physical_cores()
+    cores, ranks = physical_cores(), max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    if ranks > 1: return max(1, cores // ranks)                       # (the other ranks are this run's own load)
     busy = min(cores, round(busy_cores() if busy is None else busy))
     if busy:
         log(f"[cpu] the machine looks shared: {busy} of {cores} cores busy with other work; `auto` leaves them alone")
-    return max(1, (cores - busy) // max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1)))
+    return max(1, cores - busy)
 
 
 def apply_num_threads(setting, device_type: str, log=print) -> int:
