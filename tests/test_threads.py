@@ -37,3 +37,23 @@ def test_every_command_applies_num_threads(tmp_path):
             assert rc == 0 and torch.get_num_threads() == 2, (cmd.__name__, err)   # the run's training.num_threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_auto_leaves_a_core_that_another_process_keeps_busy():
+    "busy_cores() sees a spinning process on this process's CPUs, so `auto` gives every core but that one."
+    import subprocess
+    import sys
+    import time
+
+    from mamba3_lite.config import auto_threads, busy_cores, physical_cores
+
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.5)                                        # (it is running, not starting)
+        busy = busy_cores()
+        assert busy >= 0.7, f"a spinning process kept {busy:.2f} cores busy (expected >= 0.7)"
+        n = auto_threads({}, log=lambda s: None)                # (no OMP_NUM_THREADS: auto decides)
+        assert n <= max(1, physical_cores() - 1), (n, physical_cores())
+    finally:
+        spin.kill()
+        spin.wait()
