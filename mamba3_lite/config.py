@@ -336,16 +336,17 @@ def physical_cores() -> int:
 
 
 def busy_cores(sample_s: float = 0.2) -> float:
-    "Cores other processes keep busy: the non-idle share of this process's CPUs over `sample_s` of /proc/stat (we sleep)."
+    """Cores other processes keep busy: the non-idle share of this process's CPUs over `sample_s` of /proc/stat,
+    less this process's own CPU time in it (its background threads are not other work), while it sleeps."""
     try:
         cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
-        def idle_total():
+        def ticks():                                                  # (idle, total, this process's) clock ticks
             rows = [l.split() for l in Path("/proc/stat").read_text().splitlines() if l.split()[0] in cpus]
-            return sum(int(r[4]) + int(r[5]) for r in rows), sum(sum(map(int, r[1:9])) for r in rows)
-        (i0, t0), _, (i1, t1) = idle_total(), time.sleep(sample_s), idle_total()
-        share = 1 - (i1 - i0) / max(1, t1 - t0)                       # of len(cpus) logical CPUs
-        return share * physical_cores()
-    except (AttributeError, OSError, ValueError, IndexError):         # no /proc/stat or affinity: the load average
+            own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[11:13]   # utime, stime
+            return sum(int(r[4]) + int(r[5]) for r in rows), sum(sum(map(int, r[1:9])) for r in rows), sum(map(int, own))
+        (i0, t0, o0), _, (i1, t1, o1) = ticks(), time.sleep(sample_s), ticks()
+        return max(0.0, 1 - (i1 - i0 + o1 - o0) / max(1, t1 - t0)) * physical_cores()
+    except (AttributeError, OSError, ValueError, IndexError):         # no /proc or affinity: the load average
         return min(os.getloadavg()[0], physical_cores()) if hasattr(os, "getloadavg") else 0.0
 
 
