@@ -350,6 +350,7 @@ def busy_cores(sample_s: float = 0.2) -> float:
         return min(os.getloadavg()[0], physical_cores()) if hasattr(os, "getloadavg") else 0.0
 
 
+# %% ../nbs/09_config.ipynb #c7a1e0d4
 def auto_threads(env=None, log=print, busy=None) -> int:
     "The thread count `num_threads: auto` means here (see above), given `busy` cores (default: `busy_cores()`)."
     env = os.environ if env is None else env
