@@ -484,17 +484,19 @@ def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mg
 
 # %% ../nbs/01_ssd_triton.ipynb #1adca4b2
 @triton.jit
-def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                  dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                  L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
                  HAS_RST: tl.constexpr, DO_BC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The DO_X half: dX, d(ΔA), dσ, dγ and the chunk's D partial sum, from the sums over the state Gᵀ = B̃ C̃ᵀ,
     U = B̃ dHᵀ, the read of H_in's row sums `rq` and <dH, H_in> that the DO_BC pass (`_bwd_tiles`) handed over, or, in
     a launch of its own (<dH, H_in> from the DO_BC launch's store), from three passes over the state tiles, each sum made where it is used and spent before the next
-    (held together they spill on sm_80). X and dY are loaded here, again after DO_BC (cheaper than holding them
-    through its pass). The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
+    (held together they spill on sm_80). After DO_BC in the same launch, X (`x`) is the tile DO_BC loaded, held
+    through its pass, and dY is loaded again (holding both spills on sm_90); a launch of its own loads both (`x`,
+    `dy` are placeholders there). The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
     them)."""
-    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                               # (L, P), input dtype
+    if not DO_BC:
+        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                           # (L, P), input dtype
     dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
     rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # dY·X per row
     tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))                            # γ-diagonal and D skip
@@ -570,7 +572,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         st, first, last = t, L, -1
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
     xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]                              # X
-    gt, u, rq, dsl = wk, wk, wk, 0.                             # placeholders: a DO_X-only launch makes its own
+    gt, u, rq, dsl, x, dy = wk, wk, wk, 0., wk, wk              # placeholders: a DO_X-only launch makes its own
     if DO_BC:                                                   # the pass over the state, with the DO_X sums
         x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                            # (L, P), input dtype
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
@@ -583,7 +585,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         if not DO_X:                                            # for the DO_X launch, which runs after this one
             tl.store(dsl_ptr + bh * NC + c, dsl)
     if DO_X:
-        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                      dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                      L, P, N, BN, HAS_D, HAS_RST, DO_BC, DOT_DTYPE, PREC)
 
@@ -664,11 +666,14 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
         b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)   # the group's B, C: once for its heads
         c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
-        mom = mt[:, None] & (j < S)[None, :]                      # ω: once a head (held for all of them, fp32 spills)
+        mom = mt[:, None] & (j < S)[None, :]
+        if OM_SHARED:                                             # ω (b, T, 1, S): once for its heads, like B, C
+            om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)
         for hh in range(HG):
             ih = ig * HG + hh
             mine = (hr == hh)[:, None]
-            om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
+            if not OM_SHARED:                                     # ω per head
+                om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
             ge, go, he, ho, dom_h, g_h = _angle_head(
                 b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
@@ -699,7 +704,7 @@ _DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},   
 _DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
 _DEFAULT_CONFIG[90]["fwd"].update(split=False)
 _DEFAULT_CONFIG[80]["bwd_chunk"].update(BN=16, split=True)
-_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=32, split=False)
+_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=16, split=False)
 # two stages where the main loops feed tensor-core dots from memory (the forward's chunk loop, the chunk backward's
 # loops over state tiles): the loads of the next iteration are issued (cp.async) while this one computes
 for _arch_cfg in _DEFAULT_CONFIG.values():
