@@ -639,9 +639,9 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
                           OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Rotate the dB̃, dC̃ of the HG heads of one (batch, group) back and sum them over the heads into the group's dB,
     dC (stored once, in B's dtype), and over the tokens into the heads' bias gradients of this sequence (stored at
-    the end); turn the angle gradient into dω (summed
-    over the heads where ω is shared), dΔ (a partial sum per block of pairs) and dΦ₀: a reverse walk over the chunks
-    carrying dL/d(angle carry) of every head of the group, (HGP, NH); grid (G, b, blocks of NH pairs)."""
+    the end); turn the angle gradient into dω (summed over the heads where ω is shared), dΔ (a partial sum per block
+    of pairs) and dΦ₀: a reverse walk over the chunks carrying dL/d(angle carry) of every head of the group,
+    (HGP, NH); grid (G, b, blocks of NH pairs)."""
     ig, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     NJ = tl.num_programs(2)
     t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH); hr = tl.arange(0, HGP)   # this block's pairs; the heads
@@ -666,14 +666,12 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
         b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)   # the group's B, C: once for its heads
         c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
-        mom = mt[:, None] & (j < S)[None, :]
-        if OM_SHARED:                                             # ω (b, T, 1, S): once for its heads, like B, C
-            om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)
+        mom = mt[:, None] & (j < S)[None, :]                      # ω (b, T, 1, S): once for its heads, like B, C
+        if OM_SHARED: om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)
         for hh in range(HG):
             ih = ig * HG + hh
             mine = (hr == hh)[:, None]
-            if not OM_SHARED:                                     # ω per head
-                om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
+            if not OM_SHARED: om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
             ge, go, he, ho, dom_h, g_h = _angle_head(
                 b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
@@ -696,9 +694,9 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         _store_pairs(dcb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sce, sco, N, NH)
 
 # %% ../nbs/01_ssd_triton.ipynb #e49d6212
-KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the launch order: forward, then backward
-_DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},    # A100
-                   90: {k: dict(num_warps=8, num_stages=1) for k in KERNELS}}    # H100/H200
+KERNELS = ("scalars", "rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle", "bwd_scalars")   # the launch order
+_DEFAULT_CONFIG = {a: {k: dict(num_warps=4 if k.endswith("scalars") else 8, num_stages=1) for k in KERNELS}
+                   for a in (80, 90)}      # A100, H100/H200; the elementwise scalar kernels on 4 warps (2048 a program)
 # fwd, bwd_chunk: state tiles of BN columns, and on sm_80 each as two launches (split): the forward as a state pass
 # and a chunk pass, the chunk backward as its dX... and dB̃/dC̃ halves
 _DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
@@ -771,10 +769,10 @@ def _rotate_tiles(N, HG, dtype=torch.bfloat16):
 # %% ../nbs/01_ssd_triton.ipynb #b3e8f215
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
 # N = 128 and 64, with and without resets, every launch (tests/test_ssd_triton.py compiles them all)
-_AUTOTUNE_MORE = {80: dict(rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
-                           bwd_chunk=[(8, 1, 32), (8, 1, 16)], bwd_angle=[]),
-                  90: dict(rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
-                           bwd_angle=[])}
+_AUTOTUNE_MORE = {80: dict(scalars=[], rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
+                           bwd_chunk=[(8, 1, 32), (8, 1, 16)], bwd_angle=[], bwd_scalars=[]),
+                  90: dict(scalars=[], rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
+                           bwd_angle=[], bwd_scalars=[])}
 
 def autotune_configs(kind, arch=90, N=128, dtype=torch.bfloat16):
     """The launch configs `triton.autotune` times for kernel `kind` on `arch` at d_state N: the default first. Their
@@ -818,14 +816,15 @@ def _launch(kernel, kind, grid, *args, dtype, **meta):
     """Launch `kernel` with the config of `kind` for inputs of `dtype`, autotuned where `_autotuned()`; `grid` may
     read the config's BN (a function of the launch's meta-parameters). A config that does not fit on the GPU becomes
     a ValueError that says what to do."""
+    N = meta.get("N", 128)                                               # the scalar kernels take none
     if _autotuned():
-        kernel, cfg = _tuner(kernel, kind, _arch(), meta["N"], dtype), {}
+        kernel, cfg = _tuner(kernel, kind, _arch(), N, dtype), {}
     else:
-        cfg = {k: v for k, v in _launch_config(kind, meta["N"], dtype).items() if k != "split"}
+        cfg = {k: v for k, v in _launch_config(kind, N, dtype).items() if k != "split"}
     try:
         _wrapped(kernel)[grid](*args, **meta, **cfg)
     except OutOfResources as e:
-        dims = f"chunk_size={meta['L']}, P={meta.get('P', '-')}, N={meta['N']}"
+        dims = f"chunk_size={meta['L']}, P={meta.get('P', '-')}, N={meta.get('N', '-')}"
         raise ValueError(f"ssd_triton: the {kind} kernel does not fit on this GPU at {dims} ({e}); "
                          f'use a smaller chunk_size, fewer TRITON_PER_CHUNK_NUM_STAGES, or ssd_dispatch="pytorch".') from e
 
@@ -836,6 +835,86 @@ def _wrapped(kernel):
 def _none_if_empty(t):
     "Custom ops return no None: an empty tensor stands for an absent gradient or state."
     return None if t.numel() == 0 else t
+
+# %% ../nbs/01_ssd_triton.ipynb #5c1a7e21
+@triton.jit
+def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, adt_ptr, gam_ptr, sig_ptr, T, H, L: tl.constexpr,
+                        HP: tl.constexpr, HAS_RST: tl.constexpr):
+    """The per-token scalars of one chunk of L tokens of one sequence, all H heads ((L, HP) tiles, HP >= H a power of
+    two): ΔA (0 at a document start), γ = λΔ and σ_t = γ_t + ε_{t+1}, ε = (1 - λ)Δ (0 at a document start and past
+    the last token); grid (chunks, b). Δ, A, λ: contiguous fp32 (b, T, H)."""
+    c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    t = c * L + tl.arange(0, L); h = tl.arange(0, HP)
+    row = (ib * T + t)[:, None] * H + h[None, :]
+    m = (t < T)[:, None] & (h < H)[None, :]
+    mn = (t + 1 < T)[:, None] & (h < H)[None, :]                   # token t + 1, in the same sequence
+    dt = tl.load(dt_ptr + row, mask=m, other=0.)
+    lam = tl.load(lam_ptr + row, mask=m, other=0.)
+    adt = dt * tl.load(a_ptr + row, mask=m, other=0.)
+    epsn = (1 - tl.load(lam_ptr + row + H, mask=mn, other=0.)) * tl.load(dt_ptr + row + H, mask=mn, other=0.)
+    if HAS_RST:
+        adt = tl.where((tl.load(rst_ptr + ib * T + t, mask=t < T, other=0) != 0)[:, None], 0., adt)
+        epsn = tl.where((tl.load(rst_ptr + ib * T + t + 1, mask=t + 1 < T, other=0) != 0)[:, None], 0., epsn)
+    gam = lam * dt
+    tl.store(adt_ptr + row, adt, mask=m)
+    tl.store(gam_ptr + row, gam, mask=m)
+    tl.store(sig_ptr + row, gam + epsn, mask=m)
+
+@triton.jit
+def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, dadt_ptr, dgam_ptr, dsig_ptr, ddt_ptr, da_ptr, dlam_ptr,
+                            T, H, L: tl.constexpr, HP: tl.constexpr, HAS_RST: tl.constexpr):
+    """The backward of `_ssd_scalars_kernel`: dΔ, dA, dλ from d(ΔA), dγ, dσ, with dε_t = dσ_{t-1} (0 at a document
+    start and at t = 0); grid (chunks, b)."""
+    c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    t = c * L + tl.arange(0, L); h = tl.arange(0, HP)
+    row = (ib * T + t)[:, None] * H + h[None, :]
+    m = (t < T)[:, None] & (h < H)[None, :]
+    dt = tl.load(dt_ptr + row, mask=m, other=0.)
+    lam = tl.load(lam_ptr + row, mask=m, other=0.)
+    dadt = tl.load(dadt_ptr + row, mask=m, other=0.)
+    deps = tl.load(dsig_ptr + row - H, mask=m & (t >= 1)[:, None], other=0.)
+    if HAS_RST:
+        start = (tl.load(rst_ptr + ib * T + t, mask=t < T, other=0) != 0)[:, None]
+        dadt = tl.where(start, 0., dadt)
+        deps = tl.where(start, 0., deps)
+    dgam = tl.load(dgam_ptr + row, mask=m, other=0.) + tl.load(dsig_ptr + row, mask=m, other=0.)
+    tl.store(ddt_ptr + row, dadt * tl.load(a_ptr + row, mask=m, other=0.) + dgam * lam + deps * (1 - lam), mask=m)
+    tl.store(da_ptr + row, dadt * dt, mask=m)
+    tl.store(dlam_ptr + row, (dgam - deps) * dt, mask=m)
+
+# %% ../nbs/01_ssd_triton.ipynb #5c1a7e23
+@triton_op("mamba3_lite::ssd_scalars", mutates_args=())
+def _ssd_scalars(dt: Tensor, A: Tensor, lam: Tensor, rst: Optional[Tensor]
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+    "(ΔA, γ, σ) of `scan_scalars`, ΔA 0 at document starts (`rst` (b, T) int32 or None); all fp32 (b, T, H), contiguous."
+    b, T, H = dt.shape
+    HP = triton.next_power_of_2(H); L = max(1, 2048 // HP)                # tiles of 2048 (token, head) scalars
+    adt, gam, sig = (torch.empty_like(dt) for _ in range(3))
+    _launch(_ssd_scalars_kernel, "scalars", (triton.cdiv(T, L), b), dt, A, lam, dt if rst is None else rst,
+            adt, gam, sig, T, H, L=L, HP=HP, HAS_RST=rst is not None, dtype=torch.float32)
+    return adt, gam, sig
+
+@triton_op("mamba3_lite::ssd_scalars_bwd", mutates_args=())
+def _ssd_scalars_bwd(dadt: Tensor, dgam: Tensor, dsig: Tensor, dt: Tensor, A: Tensor, lam: Tensor,
+                     rst: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    "dΔ, dA, dλ (fp32 (b, T, H)) of `_ssd_scalars`."
+    b, T, H = dt.shape
+    HP = triton.next_power_of_2(H); L = max(1, 2048 // HP)
+    ddt, dA, dlam = (torch.empty_like(dt) for _ in range(3))
+    _launch(_ssd_bwd_scalars_kernel, "bwd_scalars", (triton.cdiv(T, L), b), dt, A, lam, dt if rst is None else rst,
+            dadt, dgam, dsig, ddt, dA, dlam, T, H, L=L, HP=HP, HAS_RST=rst is not None, dtype=torch.float32)
+    return ddt, dA, dlam
+
+def _scalars_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+def _scalars_backward(ctx, dadt, dgam, dsig):
+    dt, A, lam, rst = ctx.saved_tensors
+    z = lambda g: torch.zeros_like(dt) if g is None else g.contiguous()
+    ddt, dA, dlam = torch.ops.mamba3_lite.ssd_scalars_bwd(z(dadt), z(dgam), z(dsig), dt, A, lam, rst)
+    return ddt, dA, dlam, None
+
+_ssd_scalars.register_autograd(_scalars_backward, setup_context=_scalars_setup)
 
 # %% ../nbs/01_ssd_triton.ipynb #976b107a
 @triton_op("mamba3_lite::ssd_fwd", mutates_args=())
@@ -1042,10 +1121,9 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     chunk_size = kernel_chunk(chunk_size, x.dtype)
     b, T, H, P = x.shape
     rst = document_starts(seq_idx, b, T, x.device)                        # (b, T) bool: a document starts here, or None
-    adt, gam, eps, sig = scan_scalars(dt.float(), A.float().expand(b, T, H), lam.float(), rst)   # fp32 (b, T, H)
-    if rst is not None:                                                   # the kernels mask the decays: ΔA stays finite
-        adt = adt.masked_fill(rst[..., None], 0.)
-    adt, gam, eps, sig = (t.contiguous() for t in (adt, gam, eps, sig))
+    rst32 = None if rst is None else rst.to(torch.int32).contiguous()
+    adt, gam, sig = torch.ops.mamba3_lite.ssd_scalars(dt.float().contiguous(), A.float().expand(b, T, H).contiguous(),
+                                                      lam.float().contiguous(), rst32)   # fp32 (b, T, H); ΔA 0 at starts
     om = None                                                             # angle rates ω = π·tanh(θ), (b, T, 1|H, S)
     if theta is not None:
         om = angle_rate(theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :]).contiguous()
@@ -1053,7 +1131,8 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     h0 = phi0 = None
     if initial_state is not None:
         angle, h, k, v = initial_state
-        h0 = seed_state(h.float(), k.float()[:, :, None], v.float()[:, :, None], eps[:, 0]).contiguous()   # h'_{-1}
+        eps0 = (1 - lam[:, 0].float()) * dt[:, 0].float()                  # ε_0 (no document starts at t = 0)
+        h0 = seed_state(h.float(), k.float()[:, :, None], v.float()[:, :, None], eps0).contiguous()   # h'_{-1}
         if S: phi0 = angle.float().contiguous()
     if S and phi0 is None: phi0 = torch.zeros(b, H, S, device=x.device, dtype=torch.float32)
     Df = None if D is None else D.float().contiguous()
@@ -1064,8 +1143,7 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     rows = x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous()   # batch, token strides: any
     y, ht, phit, *_ = torch.ops.mamba3_lite.ssd_fwd(rows, B.contiguous(), C.contiguous(), bias(B_bias),
                                                     bias(C_bias), adt, sig, gam, om, dt.float().contiguous(), Df, h0,
-                                                    phi0, None if rst is None else rst.to(torch.int32).contiguous(),
-                                                    chunk_size, prec, store)
+                                                    phi0, rst32, chunk_size, prec, store)
     k_last = B[:, -1].float().repeat_interleave(H // B.shape[2], dim=1)     # (b, H, N), per head
     if B_bias is not None: k_last = k_last + B_bias.float()
     k_last = rotate_pairs(k_last, phit)                                      # B̃_{T-1}, unscaled
