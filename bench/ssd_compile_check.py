@@ -112,9 +112,9 @@ def lowering(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None,
     every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x", NH=min(NH, 16) if kind == "bwd_angle" else NH,   # the angle kernel: <= 16 pairs
                  HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True, HAS_DHT=True, HAS_RST=resets,
                  STORE=True, DOT_DTYPE=dot, PREC="ieee", HG=H if bias else 1, HGP=H if bias else 1, OM_SHARED=True,
-                 HP=triton.next_power_of_2(H))
+                 HP=triton.next_power_of_2(H), SP=triton.next_power_of_2(S))
     if kind in ("scalars", "bwd_scalars"):    # tiles of 2048 (token, head) scalars, whatever the chunk
-        every["L"] = max(1, 2048 // every["HP"])
+        every["L"] = kern._scalar_tiles(H, S)[0]
     if kind == "rotate":                      # its heads a program and pairs a block, as `_ssd_fwd` launches it
         every["HB"], every["JB"] = kern._rotate_tiles(N, every["HG"], TORCH_DTYPES[dtype])
         every["HGP"] = every["HB"]

@@ -596,26 +596,43 @@ def _add_token_sums(acc, g, mine):
     return tl.where(mine, acc + tl.sum(g, axis=0)[None, :], acc)
 
 @triton.jit
-def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
+def _bias_tiles(bb_ptr, cb_ptr, hrow, hm, like, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    "The (heads, NH) even/odd bias pairs of B, then C, of the rows `hrow` (valid where `hm`); `like` without biases."
+    bbe, bbo, cbe, cbo = like, like, like, like
+    if HAS_BIAS:
+        bbe, bbo = _load_pairs(bb_ptr, hrow, hm, N, NH)
+        cbe, cbo = _load_pairs(cb_ptr, hrow, hm, N, NH)
+    return bbe, bbo, cbe, cbo
+
+@triton.jit
+def _head_bias(e, o, be, bo, mine, mt, HAS_BIAS: tl.constexpr):
+    "(L, NH) even/odd tiles plus row `mine` of the heads' bias pairs `be`, `bo` (padding rows stay 0)."
+    if HAS_BIAS:
+        e = tl.where(mt[:, None], e + tl.sum(tl.where(mine, be, 0.), axis=0)[None, :], 0.)
+        o = tl.where(mt[:, None], o + tl.sum(tl.where(mine, bo, 0.), axis=0)[None, :], 0.)
+    return e, o
+
+@triton.jit
+def _angle_head(b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dt, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ,
                 L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs, from the group's B, C pair
-    tiles (even, odd), which the kernel loads once for all its heads, and the head's (L, NH) ω tile `om`: the head's
+    tiles (even, odd) and ω tile `om` (L, NH) where shared, which the kernel loads once for all its heads, as it loads
+    the heads' bias pairs (`_bias_tiles`, row `mine`) once and their Δ once a chunk (`dt`, this head's): the head's
     dB̃, dC̃ rotated back (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of its angle carry
     (row `mine` of `gphi`) stepped to the chunk's start; stores its dΔ partial sum."""
     row = (t0 + t) * H + ih
     xrow = t * H + ih
-    dt = tl.load(dt_ptr + row, mask=mt, other=0.)
     phi = _angles(om, dt, tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), t, st,
                  first, HAS_RST)
     cs, sn = tl.cos(phi), tl.sin(phi)
     # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
-    be, bo = _add_bias(b_e, b_o, bb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
+    be, bo = _head_bias(b_e, b_o, bbe, bbo, mine, mt, HAS_BIAS)
     be, bo = _rotate(be, bo, cs, sn)
     ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi = go * be - ge * bo
     gbe, gbo = ge * cs + go * sn, go * cs - ge * sn
-    ce, co = _add_bias(c_e, c_o, cb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
+    ce, co = _head_bias(c_e, c_o, cbe, cbo, mine, mt, HAS_BIAS)
     ce, co = _rotate(ce, co, cs, sn)
     ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi += go * ce - ge * co
@@ -647,14 +664,14 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
     t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH); hr = tl.arange(0, HGP)   # this block's pairs; the heads
     b_ptr += 2 * jb * NH; c_ptr += 2 * jb * NH; gb_ptr += 2 * jb * NH; gc_ptr += 2 * jb * NH
     db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH; dbb_ptr += 2 * jb * NH; dcb_ptr += 2 * jb * NH
-    mj = (hr < HG)[:, None] & (j < S)[None, :]
-    gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
+    mj = (hr < HG)[:, None] & (j < S)[None, :]; gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
     gphi = tl.load(dphit_ptr + gph, mask=mj, other=0.)                  # dL/d(angle carry out of the chunk), per head
     sbe = tl.zeros((HGP, NH), tl.float32); sbo = tl.zeros((HGP, NH), tl.float32)   # the heads' bias gradients,
     sce = tl.zeros((HGP, NH), tl.float32); sco = tl.zeros((HGP, NH), tl.float32)   # (even, odd) pairs of B, C
+    bbe, bbo, cbe, cbo = _bias_tiles(bb_ptr + ig * HG * N + 2 * jb * NH, cb_ptr + ig * HG * N + 2 * jb * NH, hr,
+                                     hr < HG, sbe, N, NH, HAS_BIAS)   # the heads' bias pairs: once
     for i in tl.range(0, NC):                                          # the chunks in reverse
-        c = NC - 1 - i
-        t0 = ib * T + c * L
+        c = NC - 1 - i; t0 = ib * T + c * L
         mt = c * L + t < T
         if HAS_RST:
             st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
@@ -668,22 +685,22 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
         mom = mt[:, None] & (j < S)[None, :]                      # ω (b, T, 1, S): once for its heads, like B, C
         if OM_SHARED: om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)
+        dtg = tl.load(dt_ptr + (t0 + t)[:, None] * H + (ig * HG + hr)[None, :], mask=mt[:, None] & (hr < HG)[None, :],
+                      other=0.)                                   # Δ of its heads, (L, HGP): once for them
         for hh in range(HG):
-            ih = ig * HG + hh
-            mine = (hr == hh)[:, None]
+            ih, mine = ig * HG + hh, (hr == hh)[:, None]
             if not OM_SHARED: om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
             ge, go, he, ho, dom_h, g_h = _angle_head(
-                b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
+                b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1),
+                phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
             dbe += ge; dbo += go; dce += he; dco += ho
             if HAS_BIAS:
                 sbe, sbo = _add_token_sums(sbe, ge, mine), _add_token_sums(sbo, go, mine)
                 sce, sco = _add_token_sums(sce, he, mine), _add_token_sums(sco, ho, mine)
             gphi = tl.where(mine, g_h[None, :], gphi)
-            if OM_SHARED:
-                dom_g += dom_h
-            else:
-                tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
+            if OM_SHARED: dom_g += dom_h
+            else: tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
         _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
         _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
         if OM_SHARED:
@@ -838,11 +855,20 @@ def _none_if_empty(t):
 
 # %% ../nbs/01_ssd_triton.ipynb #5c1a7e21
 @triton.jit
-def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, adt_ptr, gam_ptr, sig_ptr, T, H, L: tl.constexpr,
-                        HP: tl.constexpr, HAS_RST: tl.constexpr):
-    """The per-token scalars of one chunk of L tokens of one sequence, all H heads ((L, HP) tiles, HP >= H a power of
-    two): ΔA (0 at a document start), γ = λΔ and σ_t = γ_t + ε_{t+1}, ε = (1 - λ)Δ (0 at a document start and past
-    the last token); grid (chunks, b). Δ, A, λ: contiguous fp32 (b, T, H)."""
+def _tanh64(x):
+    "tanh of fp32 `x` in fp64: sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}), no overflow."
+    x = x.to(tl.float64)
+    e = tl.exp(-2. * tl.abs(x))
+    return tl.where(x < 0., -1., 1.) * ((1. - e) / (1. + e))
+
+@triton.jit
+def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, adt_ptr, gam_ptr, sig_ptr, om_ptr, T, H, S,
+                        L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr, HAS_RST: tl.constexpr,
+                        HAS_THETA: tl.constexpr):
+    """The per-token scalars of L tokens of one sequence, all H heads ((L, HP) tiles, HP >= H a power of two):
+    ΔA (0 at a document start), γ = λΔ and σ_t = γ_t + ε_{t+1}, ε = (1 - λ)Δ (0 at a document start and past the
+    last token); with HAS_THETA also the angle rates ω = π tanh θ of the shared θ (b, T, S), formed in fp64 (π in two
+    fp32 parts) and rounded once; grid (token blocks, b). Δ, A, λ: contiguous fp32 (b, T, H)."""
     c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
     t = c * L + tl.arange(0, L); h = tl.arange(0, HP)
     row = (ib * T + t)[:, None] * H + h[None, :]
@@ -859,12 +885,20 @@ def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, adt_ptr, gam_ptr, sig_p
     tl.store(adt_ptr + row, adt, mask=m)
     tl.store(gam_ptr + row, gam, mask=m)
     tl.store(sig_ptr + row, gam + epsn, mask=m)
+    if HAS_THETA:
+        s = tl.arange(0, SP)
+        srow = (ib * T + t)[:, None] * S + s[None, :]
+        ms = (t < T)[:, None] & (s < S)[None, :]
+        th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
+        tl.store(om_ptr + srow, (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32), mask=ms)
 
+# %% ../nbs/01_ssd_triton.ipynb #5c1a7e24
 @triton.jit
-def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, dadt_ptr, dgam_ptr, dsig_ptr, ddt_ptr, da_ptr, dlam_ptr,
-                            T, H, L: tl.constexpr, HP: tl.constexpr, HAS_RST: tl.constexpr):
+def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, dadt_ptr, dgam_ptr, dsig_ptr, dom_ptr, ddt_ptr,
+                            da_ptr, dlam_ptr, dth_ptr, T, H, S, L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr,
+                            HAS_RST: tl.constexpr, HAS_THETA: tl.constexpr):
     """The backward of `_ssd_scalars_kernel`: dΔ, dA, dλ from d(ΔA), dγ, dσ, with dε_t = dσ_{t-1} (0 at a document
-    start and at t = 0); grid (chunks, b)."""
+    start and at t = 0), and with HAS_THETA dθ = dω π (1 - tanh² θ); grid (token blocks, b)."""
     c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
     t = c * L + tl.arange(0, L); h = tl.arange(0, HP)
     row = (ib * T + t)[:, None] * H + h[None, :]
@@ -881,38 +915,59 @@ def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, dadt_ptr, dgam_ptr,
     tl.store(ddt_ptr + row, dadt * tl.load(a_ptr + row, mask=m, other=0.) + dgam * lam + deps * (1 - lam), mask=m)
     tl.store(da_ptr + row, dadt * dt, mask=m)
     tl.store(dlam_ptr + row, (dgam - deps) * dt, mask=m)
+    if HAS_THETA:
+        s = tl.arange(0, SP)
+        srow = (ib * T + t)[:, None] * S + s[None, :]
+        ms = (t < T)[:, None] & (s < S)[None, :]
+        th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
+        g = tl.load(dom_ptr + srow, mask=ms, other=0.).to(tl.float64) * (1. - th * th)
+        tl.store(dth_ptr + srow, (g * 3.1415927410125732 + g * -8.742277657347586e-08).to(tl.float32), mask=ms)
 
 # %% ../nbs/01_ssd_triton.ipynb #5c1a7e23
+def _scalar_tiles(H, S):
+    "(L, HP, SP) of the scalar kernels: L tokens a program, heads and angles padded to powers of two; 2048 a tile."
+    HP, SP = triton.next_power_of_2(H), triton.next_power_of_2(max(S, 1))
+    return max(1, 2048 // max(HP, SP)), HP, SP
+
 @triton_op("mamba3_lite::ssd_scalars", mutates_args=())
-def _ssd_scalars(dt: Tensor, A: Tensor, lam: Tensor, rst: Optional[Tensor]
-                 ) -> tuple[Tensor, Tensor, Tensor]:
-    "(ΔA, γ, σ) of `scan_scalars`, ΔA 0 at document starts (`rst` (b, T) int32 or None); all fp32 (b, T, H), contiguous."
+def _ssd_scalars(dt: Tensor, A: Tensor, lam: Tensor, rst: Optional[Tensor], theta: Optional[Tensor]
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(ΔA, γ, σ) of `scan_scalars`, ΔA 0 at document starts (`rst` (b, T) int32 or None), all fp32 (b, T, H)
+    contiguous, and ω = `angle_rate(theta)` of a shared fp32 θ (b, T, S) (empty without)."""
     b, T, H = dt.shape
-    HP = triton.next_power_of_2(H); L = max(1, 2048 // HP)                # tiles of 2048 (token, head) scalars
+    S = 0 if theta is None else theta.shape[-1]
+    L, HP, SP = _scalar_tiles(H, S)
     adt, gam, sig = (torch.empty_like(dt) for _ in range(3))
+    om = torch.empty(0, device=dt.device) if theta is None else torch.empty_like(theta)
     _launch(_ssd_scalars_kernel, "scalars", (triton.cdiv(T, L), b), dt, A, lam, dt if rst is None else rst,
-            adt, gam, sig, T, H, L=L, HP=HP, HAS_RST=rst is not None, dtype=torch.float32)
-    return adt, gam, sig
+            dt if theta is None else theta, adt, gam, sig, om, T, H, S, L=L, HP=HP, SP=SP, HAS_RST=rst is not None,
+            HAS_THETA=theta is not None, dtype=torch.float32)
+    return adt, gam, sig, om
 
 @triton_op("mamba3_lite::ssd_scalars_bwd", mutates_args=())
-def _ssd_scalars_bwd(dadt: Tensor, dgam: Tensor, dsig: Tensor, dt: Tensor, A: Tensor, lam: Tensor,
-                     rst: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    "dΔ, dA, dλ (fp32 (b, T, H)) of `_ssd_scalars`."
+def _ssd_scalars_bwd(dadt: Tensor, dgam: Tensor, dsig: Tensor, dom: Tensor, dt: Tensor, A: Tensor, lam: Tensor,
+                     rst: Optional[Tensor], theta: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    "dΔ, dA, dλ (fp32 (b, T, H)) and dθ (empty without θ) of `_ssd_scalars`."
     b, T, H = dt.shape
-    HP = triton.next_power_of_2(H); L = max(1, 2048 // HP)
+    S = 0 if theta is None else theta.shape[-1]
+    L, HP, SP = _scalar_tiles(H, S)
     ddt, dA, dlam = (torch.empty_like(dt) for _ in range(3))
+    dth = torch.empty(0, device=dt.device) if theta is None else torch.empty_like(theta)
     _launch(_ssd_bwd_scalars_kernel, "bwd_scalars", (triton.cdiv(T, L), b), dt, A, lam, dt if rst is None else rst,
-            dadt, dgam, dsig, ddt, dA, dlam, T, H, L=L, HP=HP, HAS_RST=rst is not None, dtype=torch.float32)
-    return ddt, dA, dlam
+            dt if theta is None else theta, dadt, dgam, dsig, dt if theta is None else dom, ddt, dA, dlam, dth, T, H, S,
+            L=L, HP=HP, SP=SP, HAS_RST=rst is not None, HAS_THETA=theta is not None, dtype=torch.float32)
+    return ddt, dA, dlam, dth
 
 def _scalars_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
-def _scalars_backward(ctx, dadt, dgam, dsig):
-    dt, A, lam, rst = ctx.saved_tensors
-    z = lambda g: torch.zeros_like(dt) if g is None else g.contiguous()
-    ddt, dA, dlam = torch.ops.mamba3_lite.ssd_scalars_bwd(z(dadt), z(dgam), z(dsig), dt, A, lam, rst)
-    return ddt, dA, dlam, None
+def _scalars_backward(ctx, dadt, dgam, dsig, dom):
+    dt, A, lam, rst, theta = ctx.saved_tensors
+    z = lambda g, like: torch.zeros_like(like) if g is None else g.contiguous()
+    dom = z(dom, dt) if theta is None else z(dom, theta)
+    ddt, dA, dlam, dth = torch.ops.mamba3_lite.ssd_scalars_bwd(z(dadt, dt), z(dgam, dt), z(dsig, dt), dom, dt, A, lam,
+                                                               rst, theta)
+    return ddt, dA, dlam, None, None if theta is None else dth
 
 _ssd_scalars.register_autograd(_scalars_backward, setup_context=_scalars_setup)
 
@@ -1122,11 +1177,12 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     b, T, H, P = x.shape
     rst = document_starts(seq_idx, b, T, x.device)                        # (b, T) bool: a document starts here, or None
     rst32 = None if rst is None else rst.to(torch.int32).contiguous()
-    adt, gam, sig = torch.ops.mamba3_lite.ssd_scalars(dt.float().contiguous(), A.float().expand(b, T, H).contiguous(),
-                                                      lam.float().contiguous(), rst32)   # fp32 (b, T, H); ΔA 0 at starts
-    om = None                                                             # angle rates ω = π·tanh(θ), (b, T, 1|H, S)
-    if theta is not None:
-        om = angle_rate(theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :]).contiguous()
+    shared = theta is not None and theta.dim() == 3                       # θ (b, T, S): one for all heads
+    adt, gam, sig, om = torch.ops.mamba3_lite.ssd_scalars(
+        dt.float().contiguous(), A.float().expand(b, T, H).contiguous(), lam.float().contiguous(), rst32,
+        theta.float().contiguous() if shared else None)                   # fp32 (b, T, H); ΔA 0 at starts
+    # angle rates ω = π·tanh(θ), (b, T, 1|H, S): the scalar kernel's for a shared θ
+    om = om[:, :, None, :] if shared else None if theta is None else angle_rate(theta.float()).contiguous()
     S = 0 if om is None else om.shape[-1]
     h0 = phi0 = None
     if initial_state is not None:
