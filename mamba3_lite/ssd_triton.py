@@ -448,15 +448,16 @@ def _mask_t(t, st, a2, HAS_RST: tl.constexpr):
     return wt
 
 @triton.jit
-def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L: tl.constexpr,
+def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, x, dy, wk, ea, gd, L: tl.constexpr,
                P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr, DOT_DTYPE: tl.constexpr,
                PREC: tl.constexpr):
     """The DO_BC half's pass over the state, BN columns at a time, each tile of B̃, C̃ (L, BN) and of H_in, dH (P, BN)
     loaded once; with DO_X, the sums over the state that half needs, Gᵀ = B̃ C̃ᵀ (L, L), U = B̃ dHᵀ (L, P)
     and the read of H_in's row sums Σ_p (e^a ⊙ dY)_tp (C̃ H_inᵀ)_tp = Σ_n C̃_tn ((e^a ⊙ dY) H_in)_tn (L,),
     from the product dC̃ needs anyway, returned, with <dH, H_in> (fp32) either way. dB̃ = M C̃ + κX dH + gd C̃ and dC̃ = Mᵀ B̃ + (e^a ⊙ dY) H_in + gd B̃
-    are stored tile by tile, from M = dL/dGᵀ (`mgt`), κX (`xk`), e^a ⊙ dY (`dyea`, all three in the dot dtype) and
-    the γ-diagonal's gd (L,)."""
+    are stored tile by tile, from M = dL/dGᵀ (`mgt`, in the dot dtype), X and dY (input dtype), κ (`wk`), e^a (`ea`)
+    and the γ-diagonal's gd (L,): κX dH = κ ⊙ (X dH) and (e^a ⊙ dY) H_in = e^a ⊙ (dY H_in), scaled after the dot, so
+    that X and dY, which the DO_X half needs after the pass, are the only (L, P) tiles it holds."""
     gt = tl.zeros((L, L), tl.float32)
     u = tl.zeros((L, P), tl.float32)
     rq = tl.zeros((L,), tl.float32)
@@ -471,10 +472,10 @@ def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mg
         if DO_X:
             gt = tl.dot(bt, tl.trans(ct), acc=gt, input_precision=PREC)
             u = tl.dot(bt, tl.trans(dh), acc=u, input_precision=PREC)
-        eh = tl.dot(dyea, hin, input_precision=PREC)                                  # (e^a ⊙ dY) H_in, (L, BN)
+        eh = ea[:, None] * tl.dot(dy.to(DOT_DTYPE), hin, input_precision=PREC)        # (e^a ⊙ dY) H_in, (L, BN)
         if DO_X:
             rq += tl.sum(ct.to(tl.float32) * eh, axis=1)
-        db = tl.dot(mgt, ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
+        db = tl.dot(mgt, ct, acc=wk[:, None] * tl.dot(x.to(DOT_DTYPE), dh, input_precision=PREC), input_precision=PREC)
         tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
                  mask=mt[:, None])
         dct = tl.dot(tl.trans(mgt), bt, acc=eh, input_precision=PREC)
@@ -484,20 +485,20 @@ def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mg
 
 # %% ../nbs/01_ssd_triton.ipynb #1adca4b2
 @triton.jit
-def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                  dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                  L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
                  HAS_RST: tl.constexpr, DO_BC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The DO_X half: dX, d(ΔA), dσ, dγ and the chunk's D partial sum, from the sums over the state Gᵀ = B̃ C̃ᵀ,
     U = B̃ dHᵀ, the read of H_in's row sums `rq` and <dH, H_in> that the DO_BC pass (`_bwd_tiles`) handed over, or, in
     a launch of its own (<dH, H_in> from the DO_BC launch's store), from three passes over the state tiles, each sum made where it is used and spent before the next
-    (held together they spill on sm_80). After DO_BC in the same launch, X (`x`) is the tile DO_BC loaded, held
-    through its pass, and dY is loaded again (holding both spills on sm_90); a launch of its own loads both (`x`,
-    `dy` are placeholders there). The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
+    (held together they spill on sm_80). After DO_BC in the same launch, X and dY (`x`, `dy`) are the tiles DO_BC
+    loaded, held through its pass; a launch of its own loads both (`x`, `dy` are placeholders there). γ (`gam`) comes
+    from the kernel. The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
     them)."""
     if not DO_BC:
         x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                           # (L, P), input dtype
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
     rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # dY·X per row
     tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))                            # γ-diagonal and D skip
     cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
@@ -515,7 +516,6 @@ def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, r
     dskip = 0.
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
-    gam = tl.load(gam_ptr + row, mask=mt, other=0.)
     dx = (_mm(gw * sig[:, None], dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32)
           + wk[:, None] * u)
     tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
@@ -558,6 +558,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     bco = t0 * H * N + (t * H + ih)[:, None] * N                                        # + a tile of state columns
     sto = (bh * NC + c) * P * N + p[:, None] * N                                       # + a tile of state columns
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
+    gam = tl.load(gam_ptr + row, mask=mt, other=0.)
     adt = tl.load(adt_ptr + row, mask=mt, other=0.)
     a = tl.cumsum(adt, axis=0)
     a_last = tl.sum(adt, axis=0)
@@ -577,15 +578,13 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                            # (L, P), input dtype
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
         mgt = (_mm(x, tl.trans(dy), DOT_DTYPE, PREC) * _mask_t(t, st, a2, HAS_RST) * sig[:, None]).to(DOT_DTYPE)
-        xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)                            # dL/dGᵀ = (X dYᵀ ⊙ Wᵀ) σ, κX
-        dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
-        gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
-        gt, u, rq, dsl = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L,
+        gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * gam   # r γ; mgt: dL/dGᵀ = (X dYᵀ ⊙ Wᵀ) σ
+        gt, u, rq, dsl = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, x, dy, wk, ea, gd, L,
                                     P, N, BN, DO_X, DOT_DTYPE, PREC)
         if not DO_X:                                            # for the DO_X launch, which runs after this one
             tl.store(dsl_ptr + bh * NC + c, dsl)
     if DO_X:
-        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                      dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                      L, P, N, BN, HAS_D, HAS_RST, DO_BC, DOT_DTYPE, PREC)
 
