@@ -2,7 +2,7 @@
 
 The Triton interpreter (CPU CI) runs the kernels' math but never compiles them, so it cannot catch what only the
 compiler rejects (layouts, dot shapes, loop-carried types) nor say anything about register pressure. This script
-lowers each kernel of `mamba3_lite.ssd_triton` (`KERNELS`: rotate, fwd, bwd_state, bwd_chunk, bwd_angle; a row per
+lowers each kernel of `mamba3_lite.ssd_triton` (`KERNELS`: scalars, rotate, fwd, bwd_state, bwd_chunk, bwd_angle, bwd_scalars; a row per
 launch where one runs as two, as fwd and bwd_chunk do on sm_80) through Triton's NVIDIA backend for each `--arch`
 (80: A100, 90: H100/H200), specialised as a launch at T=2048, H=32, S=32 would be (ints equal to 1 as constants,
 16-divisible ints and pointers with divisibility hints), runs the ptxas that ships with Triton with Triton's own
@@ -111,7 +111,10 @@ def lowering(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None,
     NH = max(N // 2, 16)
     every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x", NH=min(NH, 16) if kind == "bwd_angle" else NH,   # the angle kernel: <= 16 pairs
                  HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True, HAS_DHT=True, HAS_RST=resets,
-                 STORE=True, DOT_DTYPE=dot, PREC="ieee", HG=H if bias else 1, HGP=H if bias else 1, OM_SHARED=True)
+                 STORE=True, DOT_DTYPE=dot, PREC="ieee", HG=H if bias else 1, HGP=H if bias else 1, OM_SHARED=True,
+                 HP=triton.next_power_of_2(H), SP=triton.next_power_of_2(S))
+    if kind in ("scalars", "bwd_scalars"):    # tiles of 2048 (token, head) scalars, whatever the chunk
+        every["L"] = kern._scalar_tiles(H, S)[0]
     if kind == "rotate":                      # its heads a program and pairs a block, as `_ssd_fwd` launches it
         every["HB"], every["JB"] = kern._rotate_tiles(N, every["HG"], TORCH_DTYPES[dtype])
         every["HGP"] = every["HB"]

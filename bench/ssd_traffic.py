@@ -142,8 +142,10 @@ def _site():
     return ">".join(reversed(chain)) or "?"
 
 
-OPS = {"ssd_fwd": st._ssd_fwd, "ssd_bwd": st._ssd_bwd}
-KERNEL_NAMES = {"_ssd_rotate_kernel": "rotate", "_ssd_fwd_kernel": "fwd", "_ssd_fwd_state_kernel": "fwd.state",
+OPS = {"ssd_fwd": st._ssd_fwd, "ssd_bwd": st._ssd_bwd, "ssd_scalars": st._ssd_scalars,
+       "ssd_scalars_bwd": st._ssd_scalars_bwd}
+KERNEL_NAMES = {"_ssd_scalars_kernel": "scalars", "_ssd_bwd_scalars_kernel": "bwd_scalars",
+                "_ssd_rotate_kernel": "rotate", "_ssd_fwd_kernel": "fwd", "_ssd_fwd_state_kernel": "fwd.state",
                 "_ssd_fwd_chunk_kernel": "fwd.chunk", "_ssd_bwd_state_kernel": "bwd_state",
                 "_ssd_bwd_chunk_kernel": "bwd_chunk", "_ssd_bwd_angle_kernel": "bwd_angle"}
 

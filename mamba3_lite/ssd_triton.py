@@ -448,15 +448,16 @@ def _mask_t(t, st, a2, HAS_RST: tl.constexpr):
     return wt
 
 @triton.jit
-def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L: tl.constexpr,
+def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, x, dy, wk, ea, gd, L: tl.constexpr,
                P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr, DOT_DTYPE: tl.constexpr,
                PREC: tl.constexpr):
     """The DO_BC half's pass over the state, BN columns at a time, each tile of B̃, C̃ (L, BN) and of H_in, dH (P, BN)
     loaded once; with DO_X, the sums over the state that half needs, Gᵀ = B̃ C̃ᵀ (L, L), U = B̃ dHᵀ (L, P)
     and the read of H_in's row sums Σ_p (e^a ⊙ dY)_tp (C̃ H_inᵀ)_tp = Σ_n C̃_tn ((e^a ⊙ dY) H_in)_tn (L,),
     from the product dC̃ needs anyway, returned, with <dH, H_in> (fp32) either way. dB̃ = M C̃ + κX dH + gd C̃ and dC̃ = Mᵀ B̃ + (e^a ⊙ dY) H_in + gd B̃
-    are stored tile by tile, from M = dL/dGᵀ (`mgt`), κX (`xk`), e^a ⊙ dY (`dyea`, all three in the dot dtype) and
-    the γ-diagonal's gd (L,)."""
+    are stored tile by tile, from M = dL/dGᵀ (`mgt`, in the dot dtype), X and dY (input dtype), κ (`wk`), e^a (`ea`)
+    and the γ-diagonal's gd (L,): κX dH = κ ⊙ (X dH) and (e^a ⊙ dY) H_in = e^a ⊙ (dY H_in), scaled after the dot, so
+    that X and dY, which the DO_X half needs after the pass, are the only (L, P) tiles it holds."""
     gt = tl.zeros((L, L), tl.float32)
     u = tl.zeros((L, P), tl.float32)
     rq = tl.zeros((L,), tl.float32)
@@ -471,10 +472,10 @@ def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mg
         if DO_X:
             gt = tl.dot(bt, tl.trans(ct), acc=gt, input_precision=PREC)
             u = tl.dot(bt, tl.trans(dh), acc=u, input_precision=PREC)
-        eh = tl.dot(dyea, hin, input_precision=PREC)                                  # (e^a ⊙ dY) H_in, (L, BN)
+        eh = ea[:, None] * tl.dot(dy.to(DOT_DTYPE), hin, input_precision=PREC)        # (e^a ⊙ dY) H_in, (L, BN)
         if DO_X:
             rq += tl.sum(ct.to(tl.float32) * eh, axis=1)
-        db = tl.dot(mgt, ct, acc=tl.dot(xk, dh, input_precision=PREC), input_precision=PREC)
+        db = tl.dot(mgt, ct, acc=wk[:, None] * tl.dot(x.to(DOT_DTYPE), dh, input_precision=PREC), input_precision=PREC)
         tl.store(db_ptr + bco + n[None, :], (db + gd[:, None] * ct.to(tl.float32)).to(db_ptr.dtype.element_ty),
                  mask=mt[:, None])
         dct = tl.dot(tl.trans(mgt), bt, acc=eh, input_precision=PREC)
@@ -484,18 +485,20 @@ def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mg
 
 # %% ../nbs/01_ssd_triton.ipynb #1adca4b2
 @triton.jit
-def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                  dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                  L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
                  HAS_RST: tl.constexpr, DO_BC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The DO_X half: dX, d(ΔA), dσ, dγ and the chunk's D partial sum, from the sums over the state Gᵀ = B̃ C̃ᵀ,
     U = B̃ dHᵀ, the read of H_in's row sums `rq` and <dH, H_in> that the DO_BC pass (`_bwd_tiles`) handed over, or, in
     a launch of its own (<dH, H_in> from the DO_BC launch's store), from three passes over the state tiles, each sum made where it is used and spent before the next
-    (held together they spill on sm_80). X and dY are loaded here, again after DO_BC (cheaper than holding them
-    through its pass). The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
+    (held together they spill on sm_80). After DO_BC in the same launch, X and dY (`x`, `dy`) are the tiles DO_BC
+    loaded, held through its pass; a launch of its own loads both (`x`, `dy` are placeholders there). γ (`gam`) comes
+    from the kernel. The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
     them)."""
-    x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                               # (L, P), input dtype
-    dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
+    if not DO_BC:
+        x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                           # (L, P), input dtype
+        dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
     rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # dY·X per row
     tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))                            # γ-diagonal and D skip
     cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
@@ -513,7 +516,6 @@ def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl,
     dskip = 0.
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
-    gam = tl.load(gam_ptr + row, mask=mt, other=0.)
     dx = (_mm(gw * sig[:, None], dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32)
           + wk[:, None] * u)
     tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
@@ -556,6 +558,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     bco = t0 * H * N + (t * H + ih)[:, None] * N                                        # + a tile of state columns
     sto = (bh * NC + c) * P * N + p[:, None] * N                                       # + a tile of state columns
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
+    gam = tl.load(gam_ptr + row, mask=mt, other=0.)
     adt = tl.load(adt_ptr + row, mask=mt, other=0.)
     a = tl.cumsum(adt, axis=0)
     a_last = tl.sum(adt, axis=0)
@@ -570,20 +573,18 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         st, first, last = t, L, -1
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
     xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]                              # X
-    gt, u, rq, dsl = wk, wk, wk, 0.                             # placeholders: a DO_X-only launch makes its own
+    gt, u, rq, dsl, x, dy = wk, wk, wk, 0., wk, wk              # placeholders: a DO_X-only launch makes its own
     if DO_BC:                                                   # the pass over the state, with the DO_X sums
         x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                            # (L, P), input dtype
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
         mgt = (_mm(x, tl.trans(dy), DOT_DTYPE, PREC) * _mask_t(t, st, a2, HAS_RST) * sig[:, None]).to(DOT_DTYPE)
-        xk = (x.to(tl.float32) * wk[:, None]).to(DOT_DTYPE)                            # dL/dGᵀ = (X dYᵀ ⊙ Wᵀ) σ, κX
-        dyea = (dy.to(tl.float32) * ea[:, None]).to(DOT_DTYPE)
-        gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * tl.load(gam_ptr + row, mask=mt, other=0.)
-        gt, u, rq, dsl = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, xk, dyea, gd, L,
+        gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * gam   # r γ; mgt: dL/dGᵀ = (X dYᵀ ⊙ Wᵀ) σ
+        gt, u, rq, dsl = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, x, dy, wk, ea, gd, L,
                                     P, N, BN, DO_X, DOT_DTYPE, PREC)
         if not DO_X:                                            # for the DO_X launch, which runs after this one
             tl.store(dsl_ptr + bh * NC + c, dsl)
     if DO_X:
-        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, gt, u, rq, dsl, cbd_ptr, gam_ptr, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                      dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                      L, P, N, BN, HAS_D, HAS_RST, DO_BC, DOT_DTYPE, PREC)
 
@@ -594,26 +595,43 @@ def _add_token_sums(acc, g, mine):
     return tl.where(mine, acc + tl.sum(g, axis=0)[None, :], acc)
 
 @triton.jit
-def _angle_head(b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
+def _bias_tiles(bb_ptr, cb_ptr, hrow, hm, like, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    "The (heads, NH) even/odd bias pairs of B, then C, of the rows `hrow` (valid where `hm`); `like` without biases."
+    bbe, bbo, cbe, cbo = like, like, like, like
+    if HAS_BIAS:
+        bbe, bbo = _load_pairs(bb_ptr, hrow, hm, N, NH)
+        cbe, cbo = _load_pairs(cb_ptr, hrow, hm, N, NH)
+    return bbe, bbo, cbe, cbo
+
+@triton.jit
+def _head_bias(e, o, be, bo, mine, mt, HAS_BIAS: tl.constexpr):
+    "(L, NH) even/odd tiles plus row `mine` of the heads' bias pairs `be`, `bo` (padding rows stay 0)."
+    if HAS_BIAS:
+        e = tl.where(mt[:, None], e + tl.sum(tl.where(mine, be, 0.), axis=0)[None, :], 0.)
+        o = tl.where(mt[:, None], o + tl.sum(tl.where(mine, bo, 0.), axis=0)[None, :], 0.)
+    return e, o
+
+@triton.jit
+def _angle_head(b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dt, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ,
                 L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs, from the group's B, C pair
-    tiles (even, odd), which the kernel loads once for all its heads, and the head's (L, NH) ω tile `om`: the head's
+    tiles (even, odd) and ω tile `om` (L, NH) where shared, which the kernel loads once for all its heads, as it loads
+    the heads' bias pairs (`_bias_tiles`, row `mine`) once and their Δ once a chunk (`dt`, this head's): the head's
     dB̃, dC̃ rotated back (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of its angle carry
     (row `mine` of `gphi`) stepped to the chunk's start; stores its dΔ partial sum."""
     row = (t0 + t) * H + ih
     xrow = t * H + ih
-    dt = tl.load(dt_ptr + row, mask=mt, other=0.)
     phi = _angles(om, dt, tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), t, st,
                  first, HAS_RST)
     cs, sn = tl.cos(phi), tl.sin(phi)
     # dL/dΦ of a rotated pair (e', o') with gradient (ge, go) is go·e' - ge·o'; then rotate the gradient back
-    be, bo = _add_bias(b_e, b_o, bb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
+    be, bo = _head_bias(b_e, b_o, bbe, bbo, mine, mt, HAS_BIAS)
     be, bo = _rotate(be, bo, cs, sn)
     ge, go = _load_pairs(gb_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi = go * be - ge * bo
     gbe, gbo = ge * cs + go * sn, go * cs - ge * sn
-    ce, co = _add_bias(c_e, c_o, cb_ptr + 2 * jb * NH, ih, mt, N, NH, HAS_BIAS)
+    ce, co = _head_bias(c_e, c_o, cbe, cbo, mine, mt, HAS_BIAS)
     ce, co = _rotate(ce, co, cs, sn)
     ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi += go * ce - ge * co
@@ -637,22 +655,22 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
                           OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Rotate the dB̃, dC̃ of the HG heads of one (batch, group) back and sum them over the heads into the group's dB,
     dC (stored once, in B's dtype), and over the tokens into the heads' bias gradients of this sequence (stored at
-    the end); turn the angle gradient into dω (summed
-    over the heads where ω is shared), dΔ (a partial sum per block of pairs) and dΦ₀: a reverse walk over the chunks
-    carrying dL/d(angle carry) of every head of the group, (HGP, NH); grid (G, b, blocks of NH pairs)."""
+    the end); turn the angle gradient into dω (summed over the heads where ω is shared), dΔ (a partial sum per block
+    of pairs) and dΦ₀: a reverse walk over the chunks carrying dL/d(angle carry) of every head of the group,
+    (HGP, NH); grid (G, b, blocks of NH pairs)."""
     ig, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     NJ = tl.num_programs(2)
     t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH); hr = tl.arange(0, HGP)   # this block's pairs; the heads
     b_ptr += 2 * jb * NH; c_ptr += 2 * jb * NH; gb_ptr += 2 * jb * NH; gc_ptr += 2 * jb * NH
     db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH; dbb_ptr += 2 * jb * NH; dcb_ptr += 2 * jb * NH
-    mj = (hr < HG)[:, None] & (j < S)[None, :]
-    gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
+    mj = (hr < HG)[:, None] & (j < S)[None, :]; gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
     gphi = tl.load(dphit_ptr + gph, mask=mj, other=0.)                  # dL/d(angle carry out of the chunk), per head
     sbe = tl.zeros((HGP, NH), tl.float32); sbo = tl.zeros((HGP, NH), tl.float32)   # the heads' bias gradients,
     sce = tl.zeros((HGP, NH), tl.float32); sco = tl.zeros((HGP, NH), tl.float32)   # (even, odd) pairs of B, C
+    bbe, bbo, cbe, cbo = _bias_tiles(bb_ptr + ig * HG * N + 2 * jb * NH, cb_ptr + ig * HG * N + 2 * jb * NH, hr,
+                                     hr < HG, sbe, N, NH, HAS_BIAS)   # the heads' bias pairs: once
     for i in tl.range(0, NC):                                          # the chunks in reverse
-        c = NC - 1 - i
-        t0 = ib * T + c * L
+        c = NC - 1 - i; t0 = ib * T + c * L
         mt = c * L + t < T
         if HAS_RST:
             st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
@@ -664,23 +682,24 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
         b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)   # the group's B, C: once for its heads
         c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
-        mom = mt[:, None] & (j < S)[None, :]                      # ω: once a head (held for all of them, fp32 spills)
+        mom = mt[:, None] & (j < S)[None, :]                      # ω (b, T, 1, S): once for its heads, like B, C
+        if OM_SHARED: om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)
+        dtg = tl.load(dt_ptr + (t0 + t)[:, None] * H + (ig * HG + hr)[None, :], mask=mt[:, None] & (hr < HG)[None, :],
+                      other=0.)                                   # Δ of its heads, (L, HGP): once for them
         for hh in range(HG):
-            ih = ig * HG + hh
-            mine = (hr == hh)[:, None]
-            om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
+            ih, mine = ig * HG + hh, (hr == hh)[:, None]
+            if not OM_SHARED: om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
             ge, go, he, ho, dom_h, g_h = _angle_head(
-                b_e, b_o, c_e, c_o, om, bb_ptr, cb_ptr, dt_ptr, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
+                b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1),
+                phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
             dbe += ge; dbo += go; dce += he; dco += ho
             if HAS_BIAS:
                 sbe, sbo = _add_token_sums(sbe, ge, mine), _add_token_sums(sbo, go, mine)
                 sce, sco = _add_token_sums(sce, he, mine), _add_token_sums(sco, ho, mine)
             gphi = tl.where(mine, g_h[None, :], gphi)
-            if OM_SHARED:
-                dom_g += dom_h
-            else:
-                tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
+            if OM_SHARED: dom_g += dom_h
+            else: tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
         _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
         _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
         if OM_SHARED:
@@ -691,15 +710,15 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         _store_pairs(dcb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sce, sco, N, NH)
 
 # %% ../nbs/01_ssd_triton.ipynb #e49d6212
-KERNELS = ("rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle")     # the launch order: forward, then backward
-_DEFAULT_CONFIG = {80: {k: dict(num_warps=8, num_stages=1) for k in KERNELS},    # A100
-                   90: {k: dict(num_warps=8, num_stages=1) for k in KERNELS}}    # H100/H200
+KERNELS = ("scalars", "rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle", "bwd_scalars")   # the launch order
+_DEFAULT_CONFIG = {a: {k: dict(num_warps=4 if k.endswith("scalars") else 8, num_stages=1) for k in KERNELS}
+                   for a in (80, 90)}      # A100, H100/H200; the elementwise scalar kernels on 4 warps (2048 a program)
 # fwd, bwd_chunk: state tiles of BN columns, and on sm_80 each as two launches (split): the forward as a state pass
 # and a chunk pass, the chunk backward as its dX... and dB̃/dC̃ halves
 _DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
 _DEFAULT_CONFIG[90]["fwd"].update(split=False)
 _DEFAULT_CONFIG[80]["bwd_chunk"].update(BN=16, split=True)
-_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=32, split=False)
+_DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=16, split=False)
 # two stages where the main loops feed tensor-core dots from memory (the forward's chunk loop, the chunk backward's
 # loops over state tiles): the loads of the next iteration are issued (cp.async) while this one computes
 for _arch_cfg in _DEFAULT_CONFIG.values():
@@ -766,10 +785,10 @@ def _rotate_tiles(N, HG, dtype=torch.bfloat16):
 # %% ../nbs/01_ssd_triton.ipynb #b3e8f215
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
 # N = 128 and 64, with and without resets, every launch (tests/test_ssd_triton.py compiles them all)
-_AUTOTUNE_MORE = {80: dict(rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
-                           bwd_chunk=[(8, 1, 32), (8, 1, 16)], bwd_angle=[]),
-                  90: dict(rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
-                           bwd_angle=[])}
+_AUTOTUNE_MORE = {80: dict(scalars=[], rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
+                           bwd_chunk=[(8, 1, 32), (8, 1, 16)], bwd_angle=[], bwd_scalars=[]),
+                  90: dict(scalars=[], rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
+                           bwd_angle=[], bwd_scalars=[])}
 
 def autotune_configs(kind, arch=90, N=128, dtype=torch.bfloat16):
     """The launch configs `triton.autotune` times for kernel `kind` on `arch` at d_state N: the default first. Their
@@ -813,14 +832,15 @@ def _launch(kernel, kind, grid, *args, dtype, **meta):
     """Launch `kernel` with the config of `kind` for inputs of `dtype`, autotuned where `_autotuned()`; `grid` may
     read the config's BN (a function of the launch's meta-parameters). A config that does not fit on the GPU becomes
     a ValueError that says what to do."""
+    N = meta.get("N", 128)                                               # the scalar kernels take none
     if _autotuned():
-        kernel, cfg = _tuner(kernel, kind, _arch(), meta["N"], dtype), {}
+        kernel, cfg = _tuner(kernel, kind, _arch(), N, dtype), {}
     else:
-        cfg = {k: v for k, v in _launch_config(kind, meta["N"], dtype).items() if k != "split"}
+        cfg = {k: v for k, v in _launch_config(kind, N, dtype).items() if k != "split"}
     try:
         _wrapped(kernel)[grid](*args, **meta, **cfg)
     except OutOfResources as e:
-        dims = f"chunk_size={meta['L']}, P={meta.get('P', '-')}, N={meta['N']}"
+        dims = f"chunk_size={meta['L']}, P={meta.get('P', '-')}, N={meta.get('N', '-')}"
         raise ValueError(f"ssd_triton: the {kind} kernel does not fit on this GPU at {dims} ({e}); "
                          f'use a smaller chunk_size, fewer TRITON_PER_CHUNK_NUM_STAGES, or ssd_dispatch="pytorch".') from e
 
@@ -831,6 +851,124 @@ def _wrapped(kernel):
 def _none_if_empty(t):
     "Custom ops return no None: an empty tensor stands for an absent gradient or state."
     return None if t.numel() == 0 else t
+
+# %% ../nbs/01_ssd_triton.ipynb #5c1a7e21
+@triton.jit
+def _tanh64(x):
+    "tanh of fp32 `x` in fp64: sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}), no overflow."
+    x = x.to(tl.float64)
+    e = tl.exp(-2. * tl.abs(x))
+    return tl.where(x < 0., -1., 1.) * ((1. - e) / (1. + e))
+
+@triton.jit
+def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, adt_ptr, gam_ptr, sig_ptr, om_ptr, T, H, S,
+                        L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr, HAS_RST: tl.constexpr,
+                        HAS_THETA: tl.constexpr):
+    """The per-token scalars of L tokens of one sequence, all H heads ((L, HP) tiles, HP >= H a power of two):
+    ΔA (0 at a document start), γ = λΔ and σ_t = γ_t + ε_{t+1}, ε = (1 - λ)Δ (0 at a document start and past the
+    last token); with HAS_THETA also the angle rates ω = π tanh θ of the shared θ (b, T, S), formed in fp64 (π in two
+    fp32 parts) and rounded once; grid (token blocks, b). Δ, A, λ: contiguous fp32 (b, T, H)."""
+    c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    t = c * L + tl.arange(0, L); h = tl.arange(0, HP)
+    row = (ib * T + t)[:, None] * H + h[None, :]
+    m = (t < T)[:, None] & (h < H)[None, :]
+    mn = (t + 1 < T)[:, None] & (h < H)[None, :]                   # token t + 1, in the same sequence
+    dt = tl.load(dt_ptr + row, mask=m, other=0.)
+    lam = tl.load(lam_ptr + row, mask=m, other=0.)
+    adt = dt * tl.load(a_ptr + row, mask=m, other=0.)
+    epsn = (1 - tl.load(lam_ptr + row + H, mask=mn, other=0.)) * tl.load(dt_ptr + row + H, mask=mn, other=0.)
+    if HAS_RST:
+        adt = tl.where((tl.load(rst_ptr + ib * T + t, mask=t < T, other=0) != 0)[:, None], 0., adt)
+        epsn = tl.where((tl.load(rst_ptr + ib * T + t + 1, mask=t + 1 < T, other=0) != 0)[:, None], 0., epsn)
+    gam = lam * dt
+    tl.store(adt_ptr + row, adt, mask=m)
+    tl.store(gam_ptr + row, gam, mask=m)
+    tl.store(sig_ptr + row, gam + epsn, mask=m)
+    if HAS_THETA:
+        s = tl.arange(0, SP)
+        srow = (ib * T + t)[:, None] * S + s[None, :]
+        ms = (t < T)[:, None] & (s < S)[None, :]
+        th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
+        tl.store(om_ptr + srow, (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32), mask=ms)
+
+# %% ../nbs/01_ssd_triton.ipynb #5c1a7e24
+@triton.jit
+def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, dadt_ptr, dgam_ptr, dsig_ptr, dom_ptr, ddt_ptr,
+                            da_ptr, dlam_ptr, dth_ptr, T, H, S, L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr,
+                            HAS_RST: tl.constexpr, HAS_THETA: tl.constexpr):
+    """The backward of `_ssd_scalars_kernel`: dΔ, dA, dλ from d(ΔA), dγ, dσ, with dε_t = dσ_{t-1} (0 at a document
+    start and at t = 0), and with HAS_THETA dθ = dω π (1 - tanh² θ); grid (token blocks, b)."""
+    c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    t = c * L + tl.arange(0, L); h = tl.arange(0, HP)
+    row = (ib * T + t)[:, None] * H + h[None, :]
+    m = (t < T)[:, None] & (h < H)[None, :]
+    dt = tl.load(dt_ptr + row, mask=m, other=0.)
+    lam = tl.load(lam_ptr + row, mask=m, other=0.)
+    dadt = tl.load(dadt_ptr + row, mask=m, other=0.)
+    deps = tl.load(dsig_ptr + row - H, mask=m & (t >= 1)[:, None], other=0.)
+    if HAS_RST:
+        start = (tl.load(rst_ptr + ib * T + t, mask=t < T, other=0) != 0)[:, None]
+        dadt = tl.where(start, 0., dadt)
+        deps = tl.where(start, 0., deps)
+    dgam = tl.load(dgam_ptr + row, mask=m, other=0.) + tl.load(dsig_ptr + row, mask=m, other=0.)
+    tl.store(ddt_ptr + row, dadt * tl.load(a_ptr + row, mask=m, other=0.) + dgam * lam + deps * (1 - lam), mask=m)
+    tl.store(da_ptr + row, dadt * dt, mask=m)
+    tl.store(dlam_ptr + row, (dgam - deps) * dt, mask=m)
+    if HAS_THETA:
+        s = tl.arange(0, SP)
+        srow = (ib * T + t)[:, None] * S + s[None, :]
+        ms = (t < T)[:, None] & (s < S)[None, :]
+        th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
+        g = tl.load(dom_ptr + srow, mask=ms, other=0.).to(tl.float64) * (1. - th * th)
+        tl.store(dth_ptr + srow, (g * 3.1415927410125732 + g * -8.742277657347586e-08).to(tl.float32), mask=ms)
+
+# %% ../nbs/01_ssd_triton.ipynb #5c1a7e23
+def _scalar_tiles(H, S):
+    "(L, HP, SP) of the scalar kernels: L tokens a program, heads and angles padded to powers of two; 2048 a tile."
+    HP, SP = triton.next_power_of_2(H), triton.next_power_of_2(max(S, 1))
+    return max(1, 2048 // max(HP, SP)), HP, SP
+
+@triton_op("mamba3_lite::ssd_scalars", mutates_args=())
+def _ssd_scalars(dt: Tensor, A: Tensor, lam: Tensor, rst: Optional[Tensor], theta: Optional[Tensor]
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(ΔA, γ, σ) of `scan_scalars`, ΔA 0 at document starts (`rst` (b, T) int32 or None), all fp32 (b, T, H)
+    contiguous, and ω = `angle_rate(theta)` of a shared fp32 θ (b, T, S) (empty without)."""
+    b, T, H = dt.shape
+    S = 0 if theta is None else theta.shape[-1]
+    L, HP, SP = _scalar_tiles(H, S)
+    adt, gam, sig = (torch.empty_like(dt) for _ in range(3))
+    om = torch.empty(0, device=dt.device) if theta is None else torch.empty_like(theta)
+    _launch(_ssd_scalars_kernel, "scalars", (triton.cdiv(T, L), b), dt, A, lam, dt if rst is None else rst,
+            dt if theta is None else theta, adt, gam, sig, om, T, H, S, L=L, HP=HP, SP=SP, HAS_RST=rst is not None,
+            HAS_THETA=theta is not None, dtype=torch.float32)
+    return adt, gam, sig, om
+
+@triton_op("mamba3_lite::ssd_scalars_bwd", mutates_args=())
+def _ssd_scalars_bwd(dadt: Tensor, dgam: Tensor, dsig: Tensor, dom: Tensor, dt: Tensor, A: Tensor, lam: Tensor,
+                     rst: Optional[Tensor], theta: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    "dΔ, dA, dλ (fp32 (b, T, H)) and dθ (empty without θ) of `_ssd_scalars`."
+    b, T, H = dt.shape
+    S = 0 if theta is None else theta.shape[-1]
+    L, HP, SP = _scalar_tiles(H, S)
+    ddt, dA, dlam = (torch.empty_like(dt) for _ in range(3))
+    dth = torch.empty(0, device=dt.device) if theta is None else torch.empty_like(theta)
+    _launch(_ssd_bwd_scalars_kernel, "bwd_scalars", (triton.cdiv(T, L), b), dt, A, lam, dt if rst is None else rst,
+            dt if theta is None else theta, dadt, dgam, dsig, dt if theta is None else dom, ddt, dA, dlam, dth, T, H, S,
+            L=L, HP=HP, SP=SP, HAS_RST=rst is not None, HAS_THETA=theta is not None, dtype=torch.float32)
+    return ddt, dA, dlam, dth
+
+def _scalars_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+def _scalars_backward(ctx, dadt, dgam, dsig, dom):
+    dt, A, lam, rst, theta = ctx.saved_tensors
+    z = lambda g, like: torch.zeros_like(like) if g is None else g.contiguous()
+    dom = z(dom, dt) if theta is None else z(dom, theta)
+    ddt, dA, dlam, dth = torch.ops.mamba3_lite.ssd_scalars_bwd(z(dadt, dt), z(dgam, dt), z(dsig, dt), dom, dt, A, lam,
+                                                               rst, theta)
+    return ddt, dA, dlam, None, None if theta is None else dth
+
+_ssd_scalars.register_autograd(_scalars_backward, setup_context=_scalars_setup)
 
 # %% ../nbs/01_ssd_triton.ipynb #976b107a
 @triton_op("mamba3_lite::ssd_fwd", mutates_args=())
@@ -1037,18 +1175,19 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     chunk_size = kernel_chunk(chunk_size, x.dtype)
     b, T, H, P = x.shape
     rst = document_starts(seq_idx, b, T, x.device)                        # (b, T) bool: a document starts here, or None
-    adt, gam, eps, sig = scan_scalars(dt.float(), A.float().expand(b, T, H), lam.float(), rst)   # fp32 (b, T, H)
-    if rst is not None:                                                   # the kernels mask the decays: ΔA stays finite
-        adt = adt.masked_fill(rst[..., None], 0.)
-    adt, gam, eps, sig = (t.contiguous() for t in (adt, gam, eps, sig))
-    om = None                                                             # angle rates ω = π·tanh(θ), (b, T, 1|H, S)
-    if theta is not None:
-        om = angle_rate(theta.float() if theta.dim() == 4 else theta.float()[:, :, None, :]).contiguous()
+    rst32 = None if rst is None else rst.to(torch.int32).contiguous()
+    shared = theta is not None and theta.dim() == 3                       # θ (b, T, S): one for all heads
+    adt, gam, sig, om = torch.ops.mamba3_lite.ssd_scalars(
+        dt.float().contiguous(), A.float().expand(b, T, H).contiguous(), lam.float().contiguous(), rst32,
+        theta.float().contiguous() if shared else None)                   # fp32 (b, T, H); ΔA 0 at starts
+    # angle rates ω = π·tanh(θ), (b, T, 1|H, S): the scalar kernel's for a shared θ
+    om = om[:, :, None, :] if shared else None if theta is None else angle_rate(theta.float()).contiguous()
     S = 0 if om is None else om.shape[-1]
     h0 = phi0 = None
     if initial_state is not None:
         angle, h, k, v = initial_state
-        h0 = seed_state(h.float(), k.float()[:, :, None], v.float()[:, :, None], eps[:, 0]).contiguous()   # h'_{-1}
+        eps0 = (1 - lam[:, 0].float()) * dt[:, 0].float()                  # ε_0 (no document starts at t = 0)
+        h0 = seed_state(h.float(), k.float()[:, :, None], v.float()[:, :, None], eps0).contiguous()   # h'_{-1}
         if S: phi0 = angle.float().contiguous()
     if S and phi0 is None: phi0 = torch.zeros(b, H, S, device=x.device, dtype=torch.float32)
     Df = None if D is None else D.float().contiguous()
@@ -1059,8 +1198,7 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     rows = x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous()   # batch, token strides: any
     y, ht, phit, *_ = torch.ops.mamba3_lite.ssd_fwd(rows, B.contiguous(), C.contiguous(), bias(B_bias),
                                                     bias(C_bias), adt, sig, gam, om, dt.float().contiguous(), Df, h0,
-                                                    phi0, None if rst is None else rst.to(torch.int32).contiguous(),
-                                                    chunk_size, prec, store)
+                                                    phi0, rst32, chunk_size, prec, store)
     k_last = B[:, -1].float().repeat_interleave(H // B.shape[2], dim=1)     # (b, H, N), per head
     if B_bias is not None: k_last = k_last + B_bias.float()
     k_last = rotate_pairs(k_last, phit)                                      # B̃_{T-1}, unscaled

@@ -378,8 +378,8 @@ def test_block_and_lm_compile_fullgraph_with_the_triton_ssd():
     assert res.returncode == 0, res.stdout + res.stderr
     found = json.loads(res.stdout.strip().splitlines()[-1])
     # fp32 modules: fp32's sm_90 configs, the forward as its state and chunk passes
-    kinds = {"rotate": "rotate", "fwd_state": "fwd", "fwd_chunk": "fwd", "bwd_state": "bwd_state",
-             "bwd_chunk": "bwd_chunk", "bwd_angle": "bwd_angle"}
+    kinds = {"scalars": "scalars", "rotate": "rotate", "fwd_state": "fwd", "fwd_chunk": "fwd", "bwd_state": "bwd_state",
+             "bwd_chunk": "bwd_chunk", "bwd_angle": "bwd_angle", "bwd_scalars": "bwd_scalars"}
     assert found["block"] == {f"_ssd_{k}_kernel": 1 for k in kinds}, found
     assert found["lm"] == {f"_ssd_{k}_kernel": 2 for k in kinds}, found
     assert found["tuned"] == {f"_ssd_{k}_kernel": [[c["num_warps"], c["num_stages"], c.get("BN")]
