@@ -33,7 +33,11 @@ def test_defaults_reproduce_the_model_from_before_the_switches(preset):
     gen = _load("make_default_golden", FIXTURES / "make_default_golden.py")
     golden = torch.load(gen.GOLDEN)[preset]
     now = gen.record(preset)
-    assert now["param_sha256"] == golden["param_sha256"]           # same names, same bytes: bit for bit
+    exact = lambda h: {k: v for k, v in h.items() if not k.endswith(gen.INEXACT)}
+    assert now["param_sha256"].keys() == golden["param_sha256"].keys()
+    assert exact(now["param_sha256"]) == exact(golden["param_sha256"])   # drawn and constant parameters: bit for bit
+    for k, ref in golden["params"].items():                        # exp/log results: AVX2 and AVX-512 differ in the last bits
+        assert (now["params"][k] - ref).abs().max() <= 1e-6 * ref.abs().max(), k
     assert torch.equal(now["ids"], golden["ids"])                  # exact: token ids
     assert nmax(now["logits"], golden["logits"]) <= 1e-6           # same ops; the tolerance covers other CPUs' kernels
 
