@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from cpu_env import cpu_machine
 from mamba3_lite.config import physical_cores
 
 VARIANTS = {"auto": {}, "1 thread": {"OMP_NUM_THREADS": "1"}}   # auto: no OMP_NUM_THREADS, so `auto` decides
@@ -69,7 +70,7 @@ def main(argv=None):
     if a.out:
         Path(a.out).write_text(json.dumps({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"physical_cores": physical_cores(), "logical_cpus": os.cpu_count()},
+            "machine": cpu_machine(),
             "max_steps": a.max_steps, "rounds": a.rounds, "runs": runs,
             "wall_s_median": wall, "auto_over_1_thread_wall": ratio}, indent=1))
         print(f"-> {a.out}")

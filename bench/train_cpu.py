@@ -27,7 +27,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import platform
 import resource
 import signal
 import statistics
@@ -41,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import baseline
+from cpu_env import cpu_machine
 from mamba3_lite.config import LoopConfig, physical_cores
 from mamba3_lite.loss import chunked_lm_loss, full_lm_loss
 from mamba3_lite.model import Mamba3Transformer, ModelConfig
@@ -173,7 +173,7 @@ def main(argv=None):
     p.add_argument("--variants", default=",".join(LOSSES), help=f"subset of {','.join(LOSSES)}")
     p.add_argument("--models", default="mamba3,gpt", help="subset of mamba3,gpt (the ratios need both)")
     p.add_argument("--compile", action="store_true", help="add the compiled Mamba step at the first thread count")
-    p.add_argument("--out", default=None, help="results JSON (default: bench/results/train_cpu_<UTC date>.json)")
+    p.add_argument("--out", default=None, help="results JSON (default: bench/results/train_cpu_<UTC date>.json, or ..._<date>T<HHMM>.json beside an earlier run that day)")
     p.add_argument("--baseline", default=None, metavar="REV",
                    help="add the Mamba model as it was at git revision REV (its step/chunked and backbone rows)")
     a = p.parse_args(argv)
@@ -260,9 +260,8 @@ def run(a, ctx, workers, threads, variants, load0):
         ratios[f"mamba3 compiled/eager cpu, {t} thread(s)"] = comp / eager
         ratios["mamba3 compile cost, CPU s (first step - steady step)"] = cost
         ratios["mamba3 compile break-even, steps"] = cost / (eager - comp) if eager > comp else float("inf")
-    machine = {"cpu": platform.processor() or platform.machine(), "physical_cores": cores,
-               "logical_cpus": os.cpu_count(), "load_average_1min_start": load0[0], "load_average_1min_end": load1[0],
-               "shared": max(load0[0], load1[0]) > cores, "torch": torch.__version__}
+    machine = {**cpu_machine(), "load_average_1min_start": load0[0], "load_average_1min_end": load1[0],
+               "shared": max(load0[0], load1[0]) > cores}
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine,
               "baseline": a.baseline, "batch": a.batch, "seq_len": a.seq_len, "rounds": a.rounds, "steps_per_round": a.steps,
               "rows": rows, "ratios": ratios}
@@ -276,7 +275,10 @@ def run(a, ctx, workers, threads, variants, load0):
               f"{c['median']:>10.3f} [{c['min']:.3f}-{c['max']:.3f}]{w['median']:>13.3f}{r['peak_rss_mib']:>14,.0f}")
     for k, v in ratios.items():
         print(f"{k:<46}{v:6.2f}")
-    out = Path(a.out or f"bench/results/train_cpu_{datetime.date.today().isoformat()}.json")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    out = Path(a.out or f"bench/results/train_cpu_{now.date().isoformat()}.json")
+    if not a.out and out.exists():   # a second run that day: beside the first, not over it
+        out = out.with_name(f"train_cpu_{now.date().isoformat()}T{now:%H%M}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"-> {out}")
