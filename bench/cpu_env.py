@@ -4,6 +4,7 @@ CPU ratios move with these (the same 2-core benchmark has given different Mamba-
 so every CPU result names its machine."""
 import os
 import platform
+from pathlib import Path
 
 import torch
 
@@ -16,14 +17,14 @@ def cpu_machine(cpuinfo: str = "/proc/cpuinfo") -> dict:
     "{'cpu_model', 'isa_flags', 'torch_cpu_capability', 'physical_cores', 'logical_cpus', 'torch'} of this machine."
     model, flags = platform.processor() or platform.machine(), set()
     try:
-        for line in open(cpuinfo):
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
+        lines = Path(cpuinfo).read_text().splitlines()
     except OSError:   # not Linux: the model from platform, no flags
-        pass
+        lines = []
+    for key, _, value in (line.partition(":") for line in lines):
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
     return {"cpu_model": model, "isa_flags": [f for f in ISA_FLAGS if f in flags],
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "physical_cores": physical_cores(), "logical_cpus": os.cpu_count(), "torch": torch.__version__}
