@@ -14,30 +14,45 @@ here; only bytes are counted, the values are not checked). Every count is a sum 
 subsets of (b, T, H) (T a multiple of the chunk), so counting the 8 corners of a box of two sizes of each fixes
 it; a 9th count at other sizes checks the fit exactly; the 434M shape is then read off the fit.
 
-The official Mamba-3 SISO kernels (https://github.com/state-spaces/mamba, `mamba_ssm/ops/triton/mamba3/`) cannot be
-counted this way: they compute sin, cos, sigmoid and tanh with inline PTX (`tl.inline_asm_elementwise`), which the
-interpreter does not execute.
+`--official` counts the official Mamba-3 SISO kernels (https://github.com/state-spaces/mamba,
+`mamba_ssm/ops/triton/mamba3/`, through `mamba3_siso_combined`, as the official `Mamba3` module calls it) the same way,
+at the same shape: shared B/C (one group) with per-head biases, D, no gate (our op leaves the gate to the block too),
+angle rates per head in fp32 as that module hands them over, ΔA and Δ computed outside the op (ours computes ΔA, γ, σ
+in its `scalars` kernels, which are counted). It needs `mamba_ssm` (the package, e.g. an unpacked sdist on
+PYTHONPATH, or bench/fetch_peers.sh's wheel) and einops. Five things the interpreter cannot run are replaced, none of
+which moves a byte: the four inline-PTX approximations of `utils.py` (cos, sin, tanh and sech² from tanh) by
+`tl.cos`, `tl.sin` and tanh from `tl.sigmoid`; the host asserts that the tensors are on CUDA; every autotuned kernel
+held to its first config (the interpreter cannot benchmark); TMA scratch from a CPU allocator; and the interpreter's
+missing bf16 scalar constant. The values its kernels compute there are not checked (bf16 dots), only their traffic.
 
     python bench/ssd_traffic.py                       # b16 T2048 H32 P64 N128, bf16, shared B/C + biases, sm_90 launches
     python bench/ssd_traffic.py --arch 80 --json /tmp/traffic.json
     python bench/ssd_traffic.py --sites               # and each kernel's bytes per load/store line of ssd_triton.py
+    PYTHONPATH=/path/to/mamba_ssm-2.3.2.post1 python bench/ssd_traffic.py --official --json /tmp/official.json
 """
 import argparse
 import contextlib
+import importlib
+import importlib.util
 import itertools
 import json
 import os
+import re
 import sys
+import types
 from collections import defaultdict
 
 os.environ["TRITON_INTERPRET"] = "1"          # before any kernel module is imported
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 import triton.runtime.interpreter as interp  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import mamba3_lite.ssd_triton as st  # noqa: E402
+from official import official_attr  # noqa: E402
 
 NO_DATA = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh",
            "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size"}
@@ -130,6 +145,17 @@ class Traffic:
         parts = self.addrs[key][kind]
         return int(np.unique(np.concatenate(parts)).size) if parts else 0
 
+    def table(self, unique=False):
+        """{(name, phase): dict(read, write[, read_unique, write_unique], launches)}, the distinct bytes for kernels
+        with `unique`, then the per-site rows {(name, phase, site): dict(read, write)} where `by_site` collected them."""
+        out = {}
+        for key, r in self.rows.items():
+            out[key] = dict(read=r["read"], write=r["write"], launches=r["launches"])
+            if unique and not key[0].startswith("torch:"):
+                out[key].update(read_unique=self.unique(key, "read"), write_unique=self.unique(key, "write"))
+        out.update({key: dict(r) for key, r in self.sites.items()})
+        return out
+
 
 def _site():
     """The lines of `mamba3_lite.ssd_triton` on the stack, kernel first, as 'function:line>helper:line...': the load or
@@ -185,13 +211,99 @@ def count(b, T, H, P=64, N=128, S=32, L=64, dtype=torch.bfloat16, arch=90, uniqu
             y.backward(dy)
     finally:
         st._launch, st._launch_config, st._dot_dtype = real_launch, real_cfg, real_dot
-    out = {}
-    for key, r in tr.rows.items():
-        out[key] = dict(read=r["read"], write=r["write"], launches=r["launches"])
-        if unique and not key[0].startswith("torch:"):
-            out[key].update(read_unique=tr.unique(key, "read"), write_unique=tr.unique(key, "write"))
-    out.update({key: dict(r) for key, r in tr.sites.items()})
-    return out
+    return tr.table(unique)
+
+
+@triton.jit
+def _cos(x):
+    return tl.cos(x)
+
+
+@triton.jit
+def _sin(x):
+    return tl.sin(x)
+
+
+@triton.jit
+def _tanh(x):
+    return 2 * tl.sigmoid(2 * x) - 1
+
+
+@triton.jit
+def _sech2(x):
+    t = _tanh(x)
+    return 1.0 - t * t
+
+
+def _bf16_constant(builder, value):
+    "A bf16 scalar constant (`tl.full(..., dtype=tl.bfloat16)`), which Triton's interpreter builder lacks."
+    data = interp._convert_float(np.array([value], np.float32), tl.float32, tl.bfloat16, None).view(np.uint16)
+    return interp.TensorHandle(data, tl.bfloat16)
+
+
+def official_siso():
+    """(`mamba3_siso_combined`, the mamba_ssm version) of the official kernels, made runnable under the interpreter
+    (the module docstring lists what is replaced). Raises ModuleNotFoundError when mamba_ssm is not on sys.path."""
+    base = "ops.triton.mamba3"
+    official_attr(base + ".utils", "cos_approx")     # the package entered without its CUDA __init__
+    utils = sys.modules[f"mamba_ssm.{base}.utils"]
+    utils.cos_approx, utils.sin_approx, utils.tanh_approx, utils.sech2_approx = _cos, _sin, _tanh, _sech2
+    name = f"mamba_ssm.{base}.mamba3_siso_bwd"
+    if name not in sys.modules:                      # its host functions assert CUDA tensors: those lines dropped
+        spec = importlib.util.find_spec(name)
+        src = re.sub(r"^(\s*)assert .*\.is_cuda\b.*$", r"\1pass", open(spec.origin).read(), flags=re.M)
+        mod = types.ModuleType(name)
+        mod.__file__, mod.__spec__ = spec.origin, spec
+        sys.modules[name] = mod
+        exec(compile(src, spec.origin, "exec"), mod.__dict__)
+    combined = official_attr(base + ".mamba3_siso_combined", "mamba3_siso_combined")
+    for m in ("mamba3_siso_fwd", "mamba3_siso_bwd", "angle_dt"):
+        for k in vars(sys.modules[f"mamba_ssm.{base}.{m}"]).values():
+            if isinstance(k, triton.runtime.autotuner.Autotuner): k.configs = k.configs[:1]
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8))
+    if not hasattr(interp.InterpreterBuilder, "get_bf16"): interp.InterpreterBuilder.get_bf16 = _bf16_constant
+    init = os.path.join(os.path.dirname(utils.__file__), "..", "..", "..", "__init__.py")
+    version = re.search(r'__version__ = "([^"]+)"', open(init).read())
+    return combined, version[1] if version else "unknown"
+
+
+def official_inputs(b, T, H, P, N, S, seed=0):
+    """`mamba3_siso_combined`'s arguments as the official Mamba3 module hands them over for the call `layer_inputs`
+    describes: V a strided view of the in-projection, Q = C and K = B one group (b, T, 1, N) bf16, ΔA, Δ and the
+    trapezoid mix λ as (b, H, T) views of (b, T, H) tensors, the angle rates expanded to the heads and cast to fp32
+    (b, T, H, S), per-head biases and D in fp32."""
+    g = torch.Generator().manual_seed(seed)
+    rn = lambda *s: torch.randn(*s, generator=g)
+    heads = lambda t: t.transpose(1, 2)                                  # (b, T, H) -> (b, H, T), a view
+    dt = torch.rand(b, T, H, generator=g) * 0.1 + 1e-3
+    return dict(V=rn(b, T, (H + 1) * P).bfloat16()[..., :H * P].view(b, T, H, P), Q=rn(b, T, 1, N).bfloat16(),
+                K=rn(b, T, 1, N).bfloat16(), ADT=heads(-dt * (1 + 15 * torch.rand(b, T, H, generator=g))),
+                DT=heads(dt), Trap=heads(torch.rand(b, T, H, generator=g).bfloat16()),
+                Q_bias=rn(H, N), K_bias=rn(H, N), Angles=rn(b, T, S).unsqueeze(-2).expand(b, T, H, S).contiguous(),
+                D=rn(H))
+
+
+def count_official(b, T, H, P=64, N=128, S=32, L=64, seed=0, unique=False):
+    "`count` of the official `mamba3_siso_combined`: one forward and one backward, each kernel launch by its name."
+    combined, _ = official_siso()
+    tr = Traffic()
+    kw = {k: v.requires_grad_(True) for k, v in official_inputs(b, T, H, P, N, S, seed).items()}
+    dy = torch.randn(b, T, H, P, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
+    real_call = interp.GridExecutor.__call__
+
+    def call(executor, *a, **k):
+        with tr.launch(executor.fn.__name__):
+            return real_call(executor, *a, **k)
+
+    interp.GridExecutor.__call__ = call
+    try:
+        with tr.installed(), tr.torch_ops():
+            y = combined(**kw, chunk_size=L)
+            tr.phase = "bwd"
+            y.backward(dy)
+    finally:
+        interp.GridExecutor.__call__ = real_call
+    return tr.table(unique)
 
 
 def multilinear_fit(counts, sizes):
@@ -223,14 +335,31 @@ def main(argv=None):
     p.add_argument("--json", default=None, metavar="PATH", help="write the rows at --shape as JSON")
     p.add_argument("--sites", action="store_true",
                    help="also break each kernel's bytes down by load/store site (function:line of ssd_triton.py)")
+    p.add_argument("--official", action="store_true",
+                   help="count the official mamba3_siso kernels instead (bf16; needs mamba_ssm and einops importable)")
     a = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     L = a.chunk
-    sizes = ((1, 2), (2 * L, 4 * L), (1, 2))
+    # the corners of the fit; the official op copies its (b, H, T) views of ΔA, Δ and λ only where H > 1 (at H = 1 they
+    # are contiguous), so its head corners are 2 and 4
+    sizes = ((1, 2), (2 * L, 4 * L), (2, 4) if a.official else (1, 2))
     check = (3, 3 * L, 3)
-    dims = dict(P=a.P, N=a.N, S=a.S, L=L, dtype=dtype, arch=a.arch)
-    counted = {c: count(*c, **dims, unique=True, sites=a.sites) for c in itertools.product(*sizes)}
-    counted[check] = count(*check, **dims, unique=True, sites=a.sites)
+    if a.official:
+        if a.dtype != "bf16" or a.sites:
+            p.error("--official: the official op runs bf16 only and has no --sites breakdown")
+        try:
+            _, version = official_siso()
+        except ModuleNotFoundError as e:
+            print(f"ssd_traffic: --official needs {e.name or 'mamba_ssm'} importable ({e}); put an unpacked "
+                  "mamba-ssm sdist on PYTHONPATH or install bench/fetch_peers.sh's wheels", file=sys.stderr)
+            return 2
+        what = f"the official mamba3_siso_combined (mamba_ssm {version})"
+        run = lambda c: count_official(*c, P=a.P, N=a.N, S=a.S, L=L, unique=True)
+    else:
+        what = f"mamba3_lite's ssd_triton, sm_{a.arch} launches"
+        run = lambda c: count(*c, P=a.P, N=a.N, S=a.S, L=L, dtype=dtype, arch=a.arch, unique=True, sites=a.sites)
+    counted = {c: run(c) for c in itertools.product(*sizes)}
+    counted[check] = run(check)
     keys = sorted({k for c in counted.values() for k in c}, key=lambda k: (k[1] != "fwd", k[0].startswith("torch:"), k))
     site_keys = [k for k in keys if len(k) == 3]
     keys = [k for k in keys if len(k) == 2]
@@ -258,17 +387,17 @@ def main(argv=None):
     bwd = sum(r["read_bytes"] + r["write_bytes"] for r in rows if r["phase"] == "bwd")
     b, T, H = a.shape
     print(f"counted at {len(counted)} shapes (b, T, H) in {sizes}; the fit reproduces the count at {check} exactly")
-    print(f"per layer at b{b} T{T} H{H} P{a.P} N{a.N} S{a.S}, chunk {L}, {a.dtype}, shared B/C + biases, "
-          f"sm_{a.arch} launches; GB = 1e9 bytes")
-    print(f"{'kernel':24} {'phase':5} {'read GB':>8} {'write GB':>8} {'total GB':>8} {'unique rd/wr GB':>16}")
+    print(f"{what}, per layer at b{b} T{T} H{H} P{a.P} N{a.N} S{a.S}, chunk {L}, {a.dtype}, shared B/C + biases; "
+          "GB = 1e9 bytes")
+    print(f"{'kernel':44} {'phase':5} {'read GB':>8} {'write GB':>8} {'total GB':>8} {'unique rd/wr GB':>16}")
     for r in rows:
         tot = r["read_bytes"] + r["write_bytes"]
         uniq = (f"{r['read_unique_bytes'] / 1e9:8.3f}/{r['write_unique_bytes'] / 1e9:.3f}"
                 if "read_unique_bytes" in r else "")
-        if tot: print(f"{r['kernel']:24} {r['phase']:5} {r['read_bytes'] / 1e9:8.3f} {r['write_bytes'] / 1e9:8.3f} "
+        if tot: print(f"{r['kernel']:44} {r['phase']:5} {r['read_bytes'] / 1e9:8.3f} {r['write_bytes'] / 1e9:8.3f} "
                       f"{tot / 1e9:8.3f} {uniq:>16}")
-    print(f"{'total':24} {'fwd':5} {'':8} {'':8} {fwd / 1e9:8.3f}")
-    print(f"{'total':24} {'fwd+bwd':5} {'':8} {'':8} {(fwd + bwd) / 1e9:8.3f}")
+    print(f"{'total':44} {'fwd':5} {'':8} {'':8} {fwd / 1e9:8.3f}")
+    print(f"{'total':44} {'fwd+bwd':5} {'':8} {'':8} {(fwd + bwd) / 1e9:8.3f}")
     if site_rows:
         print(f"\nby site (function:line in {os.path.basename(st.__file__)}):")
         print(f"{'kernel':12} {'phase':5} {'read GB':>8} {'write GB':>8}  site")
@@ -277,8 +406,8 @@ def main(argv=None):
     rows += [dict(kernel="total", phase="fwd", bytes=fwd), dict(kernel="total", phase="fwd+bwd", bytes=fwd + bwd)]
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(shape=dict(b=b, T=T, H=H, P=a.P, N=a.N, S=a.S, chunk=L), dtype=a.dtype, arch=a.arch,
-                           rows=rows, **(dict(sites=site_rows) if site_rows else {})), f, indent=1)
+            json.dump(dict(implementation=what, shape=dict(b=b, T=T, H=H, P=a.P, N=a.N, S=a.S, chunk=L), dtype=a.dtype,
+                           arch=None if a.official else a.arch, rows=rows, **(dict(sites=site_rows) if site_rows else {})), f, indent=1)
     return 0
 
 

@@ -259,15 +259,28 @@ def ssd_mamba2_quotes(result):
     return [f"`ssd_minimal_discrete` takes {ratios[0]} our time", f"and {ratios[1]} at T ="]
 
 
+def _traffic_totals(result):
+    return {r["phase"]: r["bytes"] / 1e9 for r in result["rows"] if r["kernel"] == "total"}
+
+
 def ssd_traffic_quotes(result):
-    total = {r["phase"]: r["bytes"] / 1e9 for r in result["rows"] if r["kernel"] == "total"}
+    total = _traffic_totals(result)
     return [f"forward **{total['fwd']:.2f} GB**, forward + backward **{total['fwd+bwd']:.2f} GB**"]
 
 
+def ssd_traffic_official_quotes(result):
+    "The official op's counted totals, and ours over them (ours: the newest ssd_traffic result)."
+    theirs, ours = _traffic_totals(result), _traffic_totals(json.loads((REPO / "bench" / "results" / TRAFFIC).read_text()))
+    return [f"forward **{theirs['fwd']:.2f} GB**, forward + backward **{theirs['fwd+bwd']:.2f} GB**",
+            f"{ours['fwd'] / theirs['fwd']:.2f}× and {ours['fwd+bwd'] / theirs['fwd+bwd']:.2f}× its bytes",
+            re.search(r"mamba_ssm [^)]+", result["implementation"])[0]]
+
+
+TRAFFIC = newest("ssd_traffic_2???-??-??.json")
 TRAIN_CPU = newest("train_cpu_2???-??-??*.json")   # a second run of a day: train_cpu_<date>T<HHMM>.json
 QUOTED_RESULTS = {TRAIN_CPU: train_cpu_quotes, "decode_cpu_ops_2026-12-02.json": decode_cpu_quotes,
                   newest("ssd_cpu_mamba2_2???-??-??.json"): ssd_mamba2_quotes, newest("train_cpu_compile_2???-??-??.json"): train_cpu_compile_quotes,
-                  newest("ssd_traffic_2???-??-??.json"): ssd_traffic_quotes}
+                  TRAFFIC: ssd_traffic_quotes, newest("ssd_traffic_official_2???-??-??.json"): ssd_traffic_official_quotes}
 
 
 def markdown_text(nb):

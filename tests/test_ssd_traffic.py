@@ -2,13 +2,17 @@
 and the exactness of its (b, T, H) fit."""
 import importlib.util
 import itertools
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 import triton
 import triton.language as tl
 
-spec = importlib.util.spec_from_file_location("ssd_traffic", Path(__file__).resolve().parent.parent / "bench" / "ssd_traffic.py")
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+if str(BENCH) not in sys.path: sys.path.insert(0, str(BENCH))   # for its helpers, as for `python bench/ssd_traffic.py`
+spec = importlib.util.spec_from_file_location("ssd_traffic", BENCH / "ssd_traffic.py")
 traffic = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(traffic)
 
@@ -86,3 +90,47 @@ def test_sites_split_each_kernels_bytes_by_source_line():
         for field in ("read", "write"):
             assert sum(v[field] for v in sites.values()) == r[field], (key, field)
     print(len([k for k in out if len(k) == 3]), "sites")
+
+
+@triton.jit
+def _stand_ins(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    "The four stand-ins for the official kernels' inline-PTX approximations, and a bf16 scalar constant, stored."
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m)
+    for i, v in enumerate((traffic._cos(x), traffic._sin(x), traffic._tanh(x), traffic._sech2(x))):
+        tl.store(out_ptr + i * n + offs, v, mask=m)
+    tl.store(out_ptr + 4 * n + offs, tl.full([BLOCK], 1.5, dtype=tl.bfloat16).to(tl.float32), mask=m)
+
+
+def test_stand_ins_compute_what_the_ptx_approximations_approximate():
+    """cos, sin, tanh and sech² = 1 - tanh², as the official kernels' `cos.approx`, `sin.approx` and `tanh.approx` PTX
+    compute them (to their approximation error, here to fp32 rounding: 2e-6 absolute), and the interpreter's bf16
+    scalar constant, which it lacks without the stand-in (1.5 exactly)."""
+    had = hasattr(traffic.interp.InterpreterBuilder, "get_bf16")
+    if not had: traffic.interp.InterpreterBuilder.get_bf16 = traffic._bf16_constant
+    try:
+        x = torch.linspace(-7, 7, 50, dtype=torch.float32)
+        out = torch.empty(5, 50)
+        _stand_ins[(1,)](x, out, 50, BLOCK=64)
+    finally:
+        if not had: del traffic.interp.InterpreterBuilder.get_bf16
+    want = torch.stack([x.cos(), x.sin(), x.tanh(), 1 - x.tanh() ** 2, torch.full_like(x, 1.5)])
+    err = (out - want).abs().max().item()
+    print(f"max abs error {err:.2e}")
+    assert err < 2e-6, err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mamba_ssm") is not None, reason="mamba_ssm is importable here")
+def test_official_without_mamba_ssm_says_so_in_one_line(capsys):
+    assert traffic.main(["--official"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mamba_ssm" in err[0] and "PYTHONPATH" in err[0], err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mamba_ssm") is None or importlib.util.find_spec("einops") is None,
+                    reason="the official kernels (mamba_ssm, einops) are not importable here")
+def test_official_counts_do_not_depend_on_the_values():
+    "The official op's traffic at b2 T128 H2 is the same for two draws of its inputs: only the shapes move bytes."
+    a, b = traffic.count_official(2, 128, 2, seed=0), traffic.count_official(2, 128, 2, seed=5)
+    assert a == b and ("mamba3_siso_fwd_kernel", "fwd") in a, (a, b)
