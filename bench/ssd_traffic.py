@@ -15,7 +15,8 @@ subsets of (b, T, H) (T a multiple of the chunk), so counting the 8 corners of a
 it; a 9th count at other sizes checks the fit exactly; the 434M shape is then read off the fit.
 
 `--official` counts the official Mamba-3 SISO kernels (https://github.com/state-spaces/mamba,
-`mamba_ssm/ops/triton/mamba3/`, through `mamba3_siso_combined`, as the official `Mamba3` module calls it) the same way,
+`mamba_ssm/ops/triton/mamba3/`, through `mamba3_siso_combined`, as the official `Mamba3` module calls it; the SISO
+kernels of mamba_ssm 2.3.2.post1 are those of commit e9594ce but for an autotune prune on Blackwell) the same way,
 at the same shape: shared B/C (one group) with per-head biases, D, no gate (our op leaves the gate to the block too),
 angle rates per head in fp32 as that module hands them over, ΔA and Δ computed outside the op (ours computes ΔA, γ, σ
 in its `scalars` kernels, which are counted). It needs `mamba_ssm` (the package, e.g. an unpacked sdist on
