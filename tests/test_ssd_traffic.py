@@ -2,6 +2,7 @@
 and the exactness of its (b, T, H) fit."""
 import importlib.util
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -134,3 +135,19 @@ def test_official_counts_do_not_depend_on_the_values():
     "The official op's traffic at b2 T128 H2 is the same for two draws of its inputs: only the shapes move bytes."
     a, b = traffic.count_official(2, 128, 2, seed=0), traffic.count_official(2, 128, 2, seed=5)
     assert a == b and ("mamba3_siso_fwd_kernel", "fwd") in a, (a, b)
+
+
+def test_the_committed_count_is_what_the_kernels_count_now(tmp_path):
+    """The newest bench/results/ssd_traffic_<date>.json (the bytes the README quotes) is what `bench/ssd_traffic.py`
+    counts for the kernels as they are now, row by row: a change that moves bytes has to commit its new count."""
+    committed_path = sorted((BENCH / "results").glob("ssd_traffic_2???-??-??.json"))[-1]
+    committed = json.loads(committed_path.read_text())
+    s = committed["shape"]
+    out = tmp_path / "traffic.json"
+    assert traffic.main(["--shape", str(s["b"]), str(s["T"]), str(s["H"]), "--P", str(s["P"]), "--N", str(s["N"]),
+                         "--S", str(s["S"]), "--chunk", str(s["chunk"]), "--dtype", committed["dtype"],
+                         "--arch", str(committed["arch"]), "--json", str(out)]) == 0
+    now = json.loads(out.read_text())["rows"]
+    total = {r["phase"]: r["bytes"] for r in now if r["kernel"] == "total"}
+    print(committed_path.name, {k: f"{v / 1e9:.3f} GB" for k, v in total.items()})
+    assert now == committed["rows"], [(a, b) for a, b in zip(now, committed["rows"]) if a != b][:3]
