@@ -20,7 +20,7 @@ kernels of mamba_ssm 2.3.2.post1 are those of commit e9594ce but for an autotune
 at the same shape: shared B/C (one group) with per-head biases, D, no gate (our op leaves the gate to the block too),
 angle rates per head in fp32 as that module hands them over, ΔA and Δ computed outside the op (ours computes ΔA, γ, σ
 in its `scalars` kernels, which are counted). It needs `mamba_ssm` (the package, e.g. an unpacked sdist on
-PYTHONPATH, or bench/fetch_peers.sh's wheel) and einops. Five things the interpreter cannot run are replaced, none of
+PYTHONPATH: `bench/official_source.py` fetches one) and einops. Five things the interpreter cannot run are replaced, none of
 which moves a byte: the four inline-PTX approximations of `utils.py` (cos, sin, tanh and sech² from tanh) by
 `tl.cos`, `tl.sin` and tanh from `tl.sigmoid`; the host asserts that the tensors are on CUDA; every autotuned kernel
 held to its first config (the interpreter cannot benchmark); TMA scratch from a CPU allocator; and the interpreter's
@@ -29,7 +29,7 @@ missing bf16 scalar constant. The values its kernels compute there are not check
     python bench/ssd_traffic.py                       # b16 T2048 H32 P64 N128, bf16, shared B/C + biases, sm_90 launches
     python bench/ssd_traffic.py --arch 80 --json /tmp/traffic.json
     python bench/ssd_traffic.py --sites               # and each kernel's bytes per load/store line of ssd_triton.py
-    PYTHONPATH=/path/to/mamba_ssm-2.3.2.post1 python bench/ssd_traffic.py --official --json /tmp/official.json
+    PYTHONPATH=$(python bench/official_source.py /tmp/official) python bench/ssd_traffic.py --official
 """
 import argparse
 import contextlib
@@ -351,8 +351,8 @@ def main(argv=None):
         try:
             _, version = official_siso()
         except ModuleNotFoundError as e:
-            print(f"ssd_traffic: --official needs {e.name or 'mamba_ssm'} importable ({e}); put an unpacked "
-                  "mamba-ssm sdist on PYTHONPATH or install bench/fetch_peers.sh's wheels", file=sys.stderr)
+            print(f"ssd_traffic: --official needs {e.name or 'mamba_ssm'} importable ({e}); put the folder "
+                  "`python bench/official_source.py DEST` prints on PYTHONPATH (and pip install einops)", file=sys.stderr)
             return 2
         what = f"the official mamba3_siso_combined (mamba_ssm {version})"
         run = lambda c: count_official(*c, P=a.P, N=a.N, S=a.S, L=L, unique=True)

@@ -3,6 +3,7 @@ and the exactness of its (b, T, H) fit."""
 import importlib.util
 import itertools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,9 @@ import triton.language as tl
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 if str(BENCH) not in sys.path: sys.path.insert(0, str(BENCH))   # for its helpers, as for `python bench/ssd_traffic.py`
+OFFICIAL_SRC = os.environ.get("MAMBA3_LITE_OFFICIAL_SRC")      # .ci/run: bench/official_source.py's folder
+if OFFICIAL_SRC and OFFICIAL_SRC not in sys.path: sys.path.append(OFFICIAL_SRC)
+HAS_OFFICIAL = importlib.util.find_spec("mamba_ssm") is not None and importlib.util.find_spec("einops") is not None
 spec = importlib.util.spec_from_file_location("ssd_traffic", BENCH / "ssd_traffic.py")
 traffic = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(traffic)
@@ -122,32 +126,70 @@ def test_stand_ins_compute_what_the_ptx_approximations_approximate():
     assert err < 2e-6, err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mamba_ssm") is not None, reason="mamba_ssm is importable here")
-def test_official_without_mamba_ssm_says_so_in_one_line(capsys):
+def test_official_without_mamba_ssm_says_so_in_one_line(capsys, monkeypatch):
+    "Where no mamba_ssm package is found, `--official` writes one line naming it and how to get one, and exits 2."
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mamba_ssm" else find_spec(name, *a))
+    monkeypatch.delitem(sys.modules, "mamba_ssm", raising=False)
     assert traffic.main(["--official"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "mamba_ssm" in err[0] and "PYTHONPATH" in err[0], err
+    assert len(err) == 1 and "mamba_ssm" in err[0] and "official_source.py" in err[0], err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mamba_ssm") is None or importlib.util.find_spec("einops") is None,
-                    reason="the official kernels (mamba_ssm, einops) are not importable here")
+needs_official = pytest.mark.skipif(not HAS_OFFICIAL, reason="the official kernels (mamba_ssm, einops) are not "
+                                    "importable: MAMBA3_LITE_OFFICIAL_SRC=$(python bench/official_source.py DEST)")
+
+
+@needs_official
 def test_official_counts_do_not_depend_on_the_values():
     "The official op's traffic at b2 T128 H2 is the same for two draws of its inputs: only the shapes move bytes."
     a, b = traffic.count_official(2, 128, 2, seed=0), traffic.count_official(2, 128, 2, seed=5)
     assert a == b and ("mamba3_siso_fwd_kernel", "fwd") in a, (a, b)
 
 
-def test_the_committed_count_is_what_the_kernels_count_now(tmp_path):
-    """The newest bench/results/ssd_traffic_<date>.json (the bytes the README quotes) is what `bench/ssd_traffic.py`
-    counts for the kernels as they are now, row by row: a change that moves bytes has to commit its new count."""
-    committed_path = sorted((BENCH / "results").glob("ssd_traffic_2???-??-??.json"))[-1]
+def _recount(pattern, extra, tmp_path):
+    "The newest committed bench/results file matching `pattern`, and `bench/ssd_traffic.py` rerun with its arguments."
+    committed_path = sorted((BENCH / "results").glob(pattern))[-1]
     committed = json.loads(committed_path.read_text())
     s = committed["shape"]
     out = tmp_path / "traffic.json"
     assert traffic.main(["--shape", str(s["b"]), str(s["T"]), str(s["H"]), "--P", str(s["P"]), "--N", str(s["N"]),
-                         "--S", str(s["S"]), "--chunk", str(s["chunk"]), "--dtype", committed["dtype"],
-                         "--arch", str(committed["arch"]), "--json", str(out)]) == 0
+                         "--S", str(s["S"]), "--chunk", str(s["chunk"]), "--dtype", committed["dtype"], *extra,
+                         "--json", str(out)]) == 0
     now = json.loads(out.read_text())["rows"]
     total = {r["phase"]: r["bytes"] for r in now if r["kernel"] == "total"}
     print(committed_path.name, {k: f"{v / 1e9:.3f} GB" for k, v in total.items()})
-    assert now == committed["rows"], [(a, b) for a, b in zip(now, committed["rows"]) if a != b][:3]
+    return now, committed["rows"]
+
+
+def test_the_committed_count_is_what_the_kernels_count_now(tmp_path):
+    """The newest bench/results/ssd_traffic_<date>.json (the bytes the README quotes) is what `bench/ssd_traffic.py`
+    counts for the kernels as they are now, row by row: a change that moves bytes has to commit its new count."""
+    arch = json.loads(sorted((BENCH / "results").glob("ssd_traffic_2???-??-??.json"))[-1].read_text())["arch"]
+    now, committed = _recount("ssd_traffic_2???-??-??.json", ["--arch", str(arch)], tmp_path)
+    assert now == committed, [(a, b) for a, b in zip(now, committed) if a != b][:3]
+
+
+@needs_official
+def test_the_committed_official_count_is_what_the_official_kernels_count(tmp_path):
+    "The same for the official kernels' count (bench/results/ssd_traffic_official_<date>.json), which the README quotes."
+    now, committed = _recount("ssd_traffic_official_2???-??-??.json", ["--official"], tmp_path)
+    assert now == committed, [(a, b) for a, b in zip(now, committed) if a != b][:3]
+
+
+def test_official_source_reads_only_the_kernels_and_checks_the_archive(tmp_path):
+    """bench/official_source.py keeps only mamba_ssm/__init__.py and mamba_ssm/ops/**.py (no setup.py, no CUDA
+    sources, no path with '..'), and extracts nothing from an archive whose sha256 is not the pinned one."""
+    import official_source as src
+    root = f"mamba_ssm-{src.VERSION}"
+    keep = [f"{root}/mamba_ssm/__init__.py", f"{root}/mamba_ssm/ops/triton/mamba3/utils.py"]
+    drop = [f"{root}/setup.py", f"{root}/csrc/selective_scan/x.cu", f"{root}/mamba_ssm/modules/mamba3.py",
+            f"{root}/mamba_ssm/ops/../../../evil.py", f"other/mamba_ssm/ops/x.py"]
+    assert [src.wanted(n) for n in keep + drop] == [True] * len(keep) + [False] * len(drop)
+    try:
+        src.extract(b"not the archive", tmp_path)
+    except ValueError as e:
+        assert "nothing extracted" in str(e), e
+    else:
+        raise AssertionError("an archive with the wrong sha256 was extracted")
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,71 @@
+"""The official Mamba-3 SISO Triton kernels as source files, from the mamba-ssm source archive on PyPI, without running
+any of its code: the archive is found through the index's JSON listing, checked against a pinned sha256, and only the
+regular files of `mamba_ssm/__init__.py` and `mamba_ssm/ops/**.py` are read out of it with `tarfile` (no member path
+can escape the destination). `bench/ssd_traffic.py --official` runs the kernels from there (with PYTHONPATH=DEST);
+CI fetches them so that the count the README quotes is checked.
+
+    python bench/official_source.py DEST     # prints DEST/mamba_ssm-2.3.2.post1, the folder to put on PYTHONPATH
+"""
+import hashlib
+import io
+import json
+import sys
+import tarfile
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+PROJECT, VERSION = "mamba-ssm", "2.3.2.post1"
+ARCHIVE = f"mamba_ssm-{VERSION}.tar.gz"
+ARCHIVE_SHA256 = "104cc47e9101e5401a675fa2b784f2952b9b037f3b1dd83b5ac544394e95d028"
+INDEX = "https://pypi.org/simple/"
+
+
+def wanted(name: str) -> bool:
+    "Whether an archive member is one of the files the kernels need: the package's __init__.py and ops/**.py."
+    parts = name.split("/")
+    return (len(parts) >= 3 and parts[0] == f"mamba_ssm-{VERSION}" and parts[1] == "mamba_ssm" and ".." not in parts
+            and name.endswith(".py") and (parts[2] == "__init__.py" or parts[2] == "ops"))
+
+
+def extract(data: bytes, dest: Path) -> Path:
+    "The wanted members of the archive bytes `data` written under `dest`; returns the folder holding `mamba_ssm/`."
+    if hashlib.sha256(data).hexdigest() != ARCHIVE_SHA256:
+        raise ValueError(f"{ARCHIVE}: sha256 {hashlib.sha256(data).hexdigest()}, expected {ARCHIVE_SHA256}; nothing extracted")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and wanted(m.name)]
+        for m in members:
+            out = dest / m.name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(tar.extractfile(m).read())
+    root = dest / f"mamba_ssm-{VERSION}"
+    if not (root / "mamba_ssm" / "ops" / "triton" / "mamba3" / "mamba3_siso_combined.py").is_file():
+        raise ValueError(f"{ARCHIVE}: has no mamba_ssm/ops/triton/mamba3/mamba3_siso_combined.py")
+    return root
+
+
+def fetch(dest, index_url: str = INDEX, timeout: float = 60) -> Path:
+    "Download the pinned archive from `index_url` and `extract` it under `dest` (kept if already there)."
+    dest = Path(dest)
+    root = dest / f"mamba_ssm-{VERSION}"
+    if (root / "mamba_ssm" / "ops" / "triton" / "mamba3" / "mamba3_siso_combined.py").is_file():
+        return root
+    page = urllib.parse.urljoin(index_url.rstrip("/") + "/", f"{PROJECT}/")
+    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        listing = json.load(r)
+    entry = next((f for f in listing.get("files", []) if isinstance(f, dict) and f.get("filename") == ARCHIVE), None)
+    if entry is None:
+        raise ValueError(f"{page} does not list {ARCHIVE}")
+    with urllib.request.urlopen(urllib.parse.urljoin(page, entry["url"]), timeout=timeout) as r:
+        data = r.read()
+    return extract(data, dest)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    try:
+        print(fetch(sys.argv[1]))
+    except (OSError, ValueError) as e:
+        sys.exit(f"official_source: {type(e).__name__}: {e}")
