@@ -244,19 +244,25 @@ def _bf16_constant(builder, value):
 
 def official_siso():
     """(`mamba3_siso_combined`, the mamba_ssm version) of the official kernels, made runnable under the interpreter
-    (the module docstring lists what is replaced). Raises ModuleNotFoundError when mamba_ssm is not on sys.path."""
+    (the module docstring lists what is replaced). Raises ModuleNotFoundError when mamba_ssm is not on sys.path.
+    Kernel modules that were imported without the stand-ins (their `from .utils import ...` names bound to the PTX
+    versions) are imported again, so the result does not depend on what imported them first."""
     base = "ops.triton.mamba3"
-    official_attr(base + ".utils", "cos_approx")     # the package entered without its CUDA __init__
-    utils = sys.modules[f"mamba_ssm.{base}.utils"]
-    utils.cos_approx, utils.sin_approx, utils.tanh_approx, utils.sech2_approx = _cos, _sin, _tanh, _sech2
-    name = f"mamba_ssm.{base}.mamba3_siso_bwd"
-    if name not in sys.modules:                      # its host functions assert CUDA tensors: those lines dropped
-        spec = importlib.util.find_spec(name)
+    prefix = f"mamba_ssm.{base}"
+    name = f"{prefix}.mamba3_siso_bwd"
+    if not getattr(sys.modules.get(name), "_interpreter_stand_ins", False):
+        for k in [k for k in sys.modules if k.startswith(prefix + ".")]: del sys.modules[k]
+        official_attr(base + ".utils", "cos_approx")     # the package entered without its CUDA __init__
+        utils = sys.modules[f"{prefix}.utils"]
+        utils.cos_approx, utils.sin_approx, utils.tanh_approx, utils.sech2_approx = _cos, _sin, _tanh, _sech2
+        spec = importlib.util.find_spec(name)             # its host functions assert CUDA tensors: those lines dropped
         src = re.sub(r"^(\s*)assert .*\.is_cuda\b.*$", r"\1pass", open(spec.origin).read(), flags=re.M)
         mod = types.ModuleType(name)
         mod.__file__, mod.__spec__ = spec.origin, spec
         sys.modules[name] = mod
         exec(compile(src, spec.origin, "exec"), mod.__dict__)
+        mod._interpreter_stand_ins = True
+    utils = sys.modules[f"{prefix}.utils"]
     combined = official_attr(base + ".mamba3_siso_combined", "mamba3_siso_combined")
     for m in ("mamba3_siso_fwd", "mamba3_siso_bwd", "angle_dt"):
         for k in vars(sys.modules[f"mamba_ssm.{base}.{m}"]).values():
