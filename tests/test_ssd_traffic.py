@@ -140,12 +140,18 @@ needs_official = pytest.mark.skipif(not HAS_OFFICIAL, reason="the official kerne
                                     "importable: MAMBA3_LITE_OFFICIAL_SRC=$(python bench/official_source.py DEST)")
 
 
+def _mamba_ssm_modules():
+    return [k for k in sys.modules if k == "mamba_ssm" or k.startswith("mamba_ssm.")]
+
+
 @pytest.fixture
 def official(monkeypatch):
-    "MAMBA3_LITE_OFFICIAL_SRC on sys.path for one test; the mamba_ssm modules it imports are dropped after it."
+    """MAMBA3_LITE_OFFICIAL_SRC on sys.path for one test, which starts without mamba_ssm modules (another test's
+    stand-in package would shadow it) and whose own are dropped after it (the others are put back)."""
     if OFFICIAL_SRC: monkeypatch.syspath_prepend(OFFICIAL_SRC)
+    for k in _mamba_ssm_modules(): monkeypatch.delitem(sys.modules, k)
     yield
-    for k in [k for k in sys.modules if k == "mamba_ssm" or k.startswith("mamba_ssm.")]: del sys.modules[k]
+    for k in _mamba_ssm_modules(): del sys.modules[k]
 
 
 @needs_official
