@@ -9,8 +9,11 @@ CI fetches them so that the count the README quotes is checked.
 import hashlib
 import io
 import json
+import os
+import shutil
 import sys
 import tarfile
+import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -19,6 +22,7 @@ PROJECT, VERSION = "mamba-ssm", "2.3.2.post1"
 ARCHIVE = f"mamba_ssm-{VERSION}.tar.gz"
 ARCHIVE_SHA256 = "104cc47e9101e5401a675fa2b784f2952b9b037f3b1dd83b5ac544394e95d028"
 INDEX = "https://pypi.org/simple/"
+SENTINEL = "mamba_ssm/ops/triton/mamba3/mamba3_siso_combined.py"   # the entry point bench/ssd_traffic.py imports
 
 
 def wanted(name: str) -> bool:
@@ -29,18 +33,21 @@ def wanted(name: str) -> bool:
 
 
 def extract(data: bytes, dest: Path) -> Path:
-    "The wanted members of the archive bytes `data` written under `dest`; returns the folder holding `mamba_ssm/`."
+    """The wanted members of the archive bytes `data` written under `dest`, all at once (into a temporary folder
+    renamed into place, so an interrupted run leaves no partial tree); returns the folder holding `mamba_ssm/`."""
     if hashlib.sha256(data).hexdigest() != ARCHIVE_SHA256:
         raise ValueError(f"{ARCHIVE}: sha256 {hashlib.sha256(data).hexdigest()}, expected {ARCHIVE_SHA256}; nothing extracted")
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and wanted(m.name)]
-        for m in members:
-            out = dest / m.name
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest / f"mamba_ssm-{VERSION}"
+    with tempfile.TemporaryDirectory(dir=dest) as tmp, tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for m in (m for m in tar.getmembers() if m.isfile() and wanted(m.name)):
+            out = Path(tmp) / m.name
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(tar.extractfile(m).read())
-    root = dest / f"mamba_ssm-{VERSION}"
-    if not (root / "mamba_ssm" / "ops" / "triton" / "mamba3" / "mamba3_siso_combined.py").is_file():
-        raise ValueError(f"{ARCHIVE}: has no mamba_ssm/ops/triton/mamba3/mamba3_siso_combined.py")
+        if not (Path(tmp) / root.name / SENTINEL).is_file():
+            raise ValueError(f"{ARCHIVE}: has no {SENTINEL}")
+        if root.exists(): shutil.rmtree(root)          # a tree without the entry point (an older partial one)
+        os.replace(Path(tmp) / root.name, root)
     return root
 
 
@@ -48,7 +55,7 @@ def fetch(dest, index_url: str = INDEX, timeout: float = 60) -> Path:
     "Download the pinned archive from `index_url` and `extract` it under `dest` (kept if already there)."
     dest = Path(dest)
     root = dest / f"mamba_ssm-{VERSION}"
-    if (root / "mamba_ssm" / "ops" / "triton" / "mamba3" / "mamba3_siso_combined.py").is_file():
+    if (root / SENTINEL).is_file():
         return root
     page = urllib.parse.urljoin(index_url.rstrip("/") + "/", f"{PROJECT}/")
     req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
