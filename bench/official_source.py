@@ -1,7 +1,8 @@
 """The official Mamba-3 SISO Triton kernels as source files, from the mamba-ssm source archive on PyPI, without running
 any of its code: the archive is found through the index's JSON listing, checked against a pinned sha256, and only the
 regular files of `mamba_ssm/__init__.py` and `mamba_ssm/ops/**.py` are read out of it with `tarfile` (no member path
-can escape the destination). `bench/ssd_traffic.py --official` runs the kernels from there (with PYTHONPATH=DEST);
+can escape the destination). `bench/ssd_traffic.py --official` runs the kernels from there (the printed folder on
+PYTHONPATH);
 CI fetches them so that the count the README quotes is checked.
 
     python bench/official_source.py DEST     # prints DEST/mamba_ssm-2.3.2.post1, the folder to put on PYTHONPATH
@@ -29,7 +30,7 @@ def wanted(name: str) -> bool:
     "Whether an archive member is one of the files the kernels need: the package's __init__.py and ops/**.py."
     parts = name.split("/")
     return (len(parts) >= 3 and parts[0] == f"mamba_ssm-{VERSION}" and parts[1] == "mamba_ssm" and ".." not in parts
-            and name.endswith(".py") and (parts[2] == "__init__.py" or parts[2] == "ops"))
+            and name.endswith(".py") and (parts[2:] == ["__init__.py"] or parts[2] == "ops"))
 
 
 def extract(data: bytes, dest: Path) -> Path:
