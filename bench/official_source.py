@@ -2,8 +2,7 @@
 any of its code: the archive is found through the index's JSON listing, checked against a pinned sha256, and only the
 regular files of `mamba_ssm/__init__.py` and `mamba_ssm/ops/**.py` are read out of it with `tarfile` (no member path
 can escape the destination). `bench/ssd_traffic.py --official` runs the kernels from there (the printed folder on
-PYTHONPATH);
-CI fetches them so that the count the README quotes is checked.
+PYTHONPATH); CI fetches them so that the count the README quotes is checked.
 
     python bench/official_source.py DEST     # prints DEST/mamba_ssm-2.3.2.post1, the folder to put on PYTHONPATH
 """
