@@ -8,7 +8,6 @@ PYTHONPATH); CI fetches them so that the count the README quotes is checked.
 """
 import hashlib
 import io
-import json
 import os
 import shutil
 import sys
@@ -18,10 +17,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from mamba3_lite.tokenizer import PYPI_SIMPLE, _index_listing
+
 PROJECT, VERSION = "mamba-ssm", "2.3.2.post1"
 ARCHIVE = f"mamba_ssm-{VERSION}.tar.gz"
 ARCHIVE_SHA256 = "104cc47e9101e5401a675fa2b784f2952b9b037f3b1dd83b5ac544394e95d028"
-INDEX = "https://pypi.org/simple/"
 SENTINEL = "mamba_ssm/ops/triton/mamba3/mamba3_siso_combined.py"   # the entry point bench/ssd_traffic.py imports
 
 
@@ -51,16 +51,14 @@ def extract(data: bytes, dest: Path) -> Path:
     return root
 
 
-def fetch(dest, index_url: str = INDEX, timeout: float = 60) -> Path:
+def fetch(dest, index_url: str = PYPI_SIMPLE, timeout: float = 60) -> Path:
     "Download the pinned archive from `index_url` and `extract` it under `dest` (kept if already there)."
     dest = Path(dest)
     root = dest / f"mamba_ssm-{VERSION}"
     if (root / SENTINEL).is_file():
         return root
     page = urllib.parse.urljoin(index_url.rstrip("/") + "/", f"{PROJECT}/")
-    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        listing = json.load(r)
+    listing = _index_listing(page, timeout)             # the index's PEP 691 JSON, as the GPT-2 ranks are found
     entry = next((f for f in listing.get("files", []) if isinstance(f, dict) and f.get("filename") == ARCHIVE), None)
     if entry is None:
         raise ValueError(f"{page} does not list {ARCHIVE}")
