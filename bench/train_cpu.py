@@ -15,8 +15,9 @@ The GPT is plain PyTorch (`scaled_dot_product_attention`, GELU MLP, learned posi
 so that its parameter count is the closest to the Mamba model's; both see the same tokens, fp32, the same AdamW.
 Times are process CPU seconds per step (wall seconds beside them): medians over rounds, [min-max].
 
-- `mamba3@REV` (with `--baseline REV`): the Mamba model as it was at git revision REV (bench/baseline.py), its
-  `step/chunked` and `backbone` rows beside this tree's, for a change measured before and after in one run.
+- `mamba3@REV` (with `--baseline REV`): the Mamba model and its optimizer as they were at git revision REV
+  (bench/baseline.py), its `step/chunked` and `backbone` rows beside this tree's, for a change measured before and
+  after in one run.
 
     python bench/train_cpu.py [--batch 16] [--seq-len 128] [--rounds 7] [--steps 2] [--threads 1,2] [--compile]
                               [--baseline REV] [--out FILE]
@@ -92,7 +93,6 @@ def build(model_name: str, preset: str, seq_len: int, base_dir=None):
     "(model, hidden(ids) -> (b, T, d), head weight (V, d)); `mamba3@REV`: the package at REV (bench/baseline.py)."
     torch.manual_seed(0)
     if model_name.startswith("mamba3@"):
-        import baseline
         m = baseline.module(base_dir, "model")
         old = m.Mamba3Transformer(m.ModelConfig.from_preset(preset, ssd_dispatch="pytorch", grad_checkpoint=False))
         return old, lambda ids: old._backbone(ids)[0], old.embed.weight
@@ -120,7 +120,8 @@ def worker(conn, model_name, variant, threads, a):
     keep_freed_memory_in_heap()   # as the CPU trainer does
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     model, hidden, weight = build(model_name, a.preset, a.seq_len, a.base_dir)
-    opt = build_optimizer(model, LoopConfig(lr=1e-3, weight_decay=0.1))
+    make_opt = baseline.module(a.base_dir, "optim").build_optimizer if model_name.startswith("mamba3@") else build_optimizer
+    opt = make_opt(model, LoopConfig(lr=1e-3, weight_decay=0.1))
     g = torch.Generator().manual_seed(0)
     data = [torch.randint(0, weight.shape[0], (a.batch, a.seq_len + 1), generator=g) for _ in range(4)]
     i = 0

@@ -25,8 +25,8 @@ def build_optimizer(model: torch.nn.Module, t: LoopConfig) -> torch.optim.AdamW:
             if id(p) in seen:
                 raise ValueError("param_groups lists a parameter twice; AdamW would update it twice")
             seen.add(id(p))
-    on_cuda = any(p.is_cuda for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, **({"fused": True} if on_cuda else {}))
+    fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])   # where torch has the kernel
+    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=fused or None)
 
 # %% ../nbs/10b_optim.ipynb #e07a24cb
 def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float,
