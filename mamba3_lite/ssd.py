@@ -572,9 +572,9 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
     h_in, h_run = pass_states(a_cum[..., -1], s_loc, h_seed)            # H_in (b, H, n_c, P, N), the final state
     G = _weighted(Q @ K.transpose(-1, -2), M)                           # (C̃_l · B̃_s) M_ls (b, H, n_c, L·R, L·R)
+    if D is not None: G.diagonal(dim1=-2, dim2=-1).add_(z.D[:, None, None])   # + D on the diagonal: the skip D x_l
     y_state = per_row(torch.exp(a_cum))[..., None] * (Q @ h_in.transpose(-1, -2))   # (b, H, n_c, L·R, P)
-    if D is not None: y_state = y_state + z.D[:, None, None, None] * V
-    y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part and the diagonal
+    y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part, the diagonal and D
     last = lambda t: t.reshape(b, H, nc * L, *t.shape[4:])[:, :, T - 1]   # token T-1 of a chunk-layout tensor
     return (_pack_y(_from_chunks(y.view(b, H, nc, L, R, P), T), x, z.mimo),
             _pack_state(last(phi) if S else phi0, h_run, last(Bc), z.x[:, -1], z.mimo))
