@@ -15,8 +15,8 @@ The GPT is plain PyTorch (`scaled_dot_product_attention`, GELU MLP, learned posi
 so that its parameter count is the closest to the Mamba model's; both see the same tokens, fp32, the same AdamW.
 Times are process CPU seconds per step (wall seconds beside them): medians over rounds, [min-max].
 
-- `mamba3@REV` (with `--baseline REV`): the Mamba model and its optimizer as they were at git revision REV
-  (bench/baseline.py), its `step/chunked` and `backbone` rows beside this tree's, for a change measured before and
+- `mamba3@REV` (with `--baseline REV`): the Mamba model, its optimizer and the chunked loss as they were at git
+  revision REV (bench/baseline.py), its `step/chunked` and `backbone` rows beside this tree's, for a change measured before and
   after in one run.
 
     python bench/train_cpu.py [--batch 16] [--seq-len 128] [--rounds 7] [--steps 2] [--threads 1,2] [--compile]
@@ -120,7 +120,10 @@ def worker(conn, model_name, variant, threads, a):
     keep_freed_memory_in_heap()   # as the CPU trainer does
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     model, hidden, weight = build(model_name, a.preset, a.seq_len, a.base_dir)
-    make_opt = baseline.module(a.base_dir, "optim").build_optimizer if model_name.startswith("mamba3@") else build_optimizer
+    make_opt, losses = build_optimizer, LOSSES
+    if model_name.startswith("mamba3@"):   # the optimizer and the chunked loss at REV too
+        make_opt = baseline.module(a.base_dir, "optim").build_optimizer
+        losses = {**LOSSES, "step/chunked": baseline.module(a.base_dir, "loss").chunked_lm_loss}
     opt = make_opt(model, LoopConfig(lr=1e-3, weight_decay=0.1))
     g = torch.Generator().manual_seed(0)
     data = [torch.randint(0, weight.shape[0], (a.batch, a.seq_len + 1), generator=g) for _ in range(4)]
@@ -129,7 +132,7 @@ def worker(conn, model_name, variant, threads, a):
         compiled = torch.compile(model, mode="default")
         loss_of = lambda x, y: compiled(x, targets=y, return_logits=False).loss
     else:
-        loss_of = lambda x, y: LOSSES[variant](hidden(x), weight, y)
+        loss_of = lambda x, y: losses[variant](hidden(x), weight, y)
 
     def step():
         nonlocal i

@@ -31,15 +31,16 @@ def _loss_chunks(h, weight, targets, chunk: int, dtype, ignore_index: int, grads
     "h (n,d), weight (V,d), targets (n,) -> (mean loss, dL/dh (n,d) or None, dL/dW (V,d) or None); see above."
     acc = torch.promote_types(dtype, torch.float32)             # fp32, or fp64 for fp64 inputs
     w = weight.to(dtype)
+    wt = w.T.contiguous()                                       # W^T (d, V) row-major: the right operand of both V-wide products
     valid = targets != ignore_index
     n_valid = valid.sum().to(acc)
     total = torch.zeros((), dtype=acc, device=h.device)
     grad_h = torch.empty_like(h) if grads else None
-    grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if grads else None
+    grad_wt = torch.zeros(wt.shape, dtype=acc, device=h.device) if grads else None   # dL/dW^T (d, V)
     buf = torch.empty(min(chunk, h.shape[0]), w.shape[0], dtype=acc, device=h.device) if dtype == acc else None
     for s in range(0, h.shape[0], chunk):
         hc, tc, vc = h[s:s + chunk].to(dtype), targets[s:s + chunk].clamp_min(0), valid[s:s + chunk]
-        z = torch.mm(hc, w.T, out=buf[:hc.shape[0]]) if buf is not None else (hc @ w.T).to(acc)   # logits
+        z = torch.mm(hc, wt, out=buf[:hc.shape[0]]) if buf is not None else (hc @ wt).to(acc)   # logits
         zmax = z.amax(1, keepdim=True)
         zt = z.gather(1, tc[:, None])                             # the target's logit, before z is overwritten
         e = z.sub_(zmax).exp_()                                   # exp(z - max), in place: the only exp pass
@@ -55,10 +56,10 @@ def _loss_chunks(h, weight, targets, chunk: int, dtype, ignore_index: int, grads
             else:
                 grad_h[s:s + chunk] = g @ w
             if g.dtype == acc:
-                grad_w.addmm_(g.T, hc)                            # accumulated in place, no (V,d) temporary
+                grad_wt.addmm_(hc.T, g)                           # accumulated in place, no (d, V) temporary
             else:
-                grad_w += (g.T @ hc).to(acc)
-    return total / n_valid, grad_h, grad_w
+                grad_wt += (hc.T @ g).to(acc)
+    return total / n_valid, grad_h, grad_wt.T.contiguous() if grads else None
 
 # %% ../nbs/03a_loss.ipynb #32cc594b
 class ChunkedLMLoss(torch.autograd.Function):
