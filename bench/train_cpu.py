@@ -16,8 +16,8 @@ so that its parameter count is the closest to the Mamba model's; both see the sa
 Times are process CPU seconds per step (wall seconds beside them): medians over rounds, [min-max].
 
 - `mamba3@REV` (with `--baseline REV`): the Mamba model, its optimizer and the chunked loss as they were at git
-  revision REV (bench/baseline.py), its `step/chunked` and `backbone` rows beside this tree's, for a change measured before and
-  after in one run.
+  revision REV (bench/baseline.py), its `step/chunked` and `backbone` rows beside this tree's, for a change measured
+  before and after in one run.
 
     python bench/train_cpu.py [--batch 16] [--seq-len 128] [--rounds 7] [--steps 2] [--threads 1,2] [--compile]
                               [--baseline REV] [--out FILE]
