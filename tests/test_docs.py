@@ -370,3 +370,20 @@ def test_gpt_ratios_are_the_committed_ones_everywhere():
             stray += [(where, names, r) for r in found if r not in held]
     assert quoted, "no Mamba-3 / GPT ratio found: the scan no longer matches how index.ipynb quotes it"
     assert not stray, f"ratios not in the train_cpu results their sentence names (or the newest, {TRAIN_CPU}): {stray}"
+
+
+def test_loss_notebook_quotes_the_committed_loss_bench():
+    "03a_loss's layout and chunk-size figures are those of the newest bench/results/loss_cpu_<date>.json, named beside them."
+    name = newest("loss_cpu_2???-??-??.json")
+    result = json.loads((REPO / "bench" / "results" / name).read_text())
+    r, c = result["ratios"], result["default_chunk"]
+    text = markdown_text(REPO / "nbs" / "03a_loss.ipynb")
+    base = next(k for k in r if k.startswith(f"loss chunk {c}: this tree / "))
+    quotes = [f"bench/results/{name}",
+              f"products {r['logits: view / row-major']:.1f}× and {r['weight gradient: G^T H / H^T G']:.1f}× slower",
+              f"{1 / r[base]:.1f}× slower, with the same values",
+              f"within {math.ceil(100 * abs(r[f'loss chunk 64 / chunk {c}'] - 1))}% of each other",
+              f"32-token chunks were {r[f'loss chunk 32 / chunk {c}']:.2f}× slower",
+              f"512-token ones {r[f'loss chunk 512 / chunk {c}']:.2f}×"]
+    missing = [q for q in quotes if q not in text]
+    assert not missing, f"nbs/03a_loss.ipynb does not quote bench/results/{name} as it is; expected:\n" + "\n".join(missing)
