@@ -39,7 +39,9 @@ def test_defaults_reproduce_the_model_from_before_the_switches(preset):
     for k, ref in golden["params"].items():                        # exp/log results: AVX2 and AVX-512 differ in the last bits
         assert (now["params"][k] - ref).abs().max() <= 1e-6 * ref.abs().max(), k
     assert torch.equal(now["ids"], golden["ids"])                  # exact: token ids
-    assert nmax(now["logits"], golden["logits"]) <= 1e-6           # same ops; the tolerance covers other CPUs' kernels
+    # fp32 rounding of sums whose order is not pinned (the chunked SSD's products, other CPUs' kernels): measured up
+    # to 1.05e-6; moving one layer's D by 1e-3 moves the logits by 2.9e-4
+    assert nmax(now["logits"], golden["logits"]) <= 1e-5
 
 
 @pytest.mark.parametrize("kw", SWITCHES + [dict(rotation="fixed", is_mimo=True, mimo_rank=2)])
