@@ -70,10 +70,18 @@ class FullOptimState:
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_state_dict(self, sd):
+        "Load `sd`; how the update runs (`fused`, `foreach`) stays this optimizer's, not the one that wrote `sd`."
+        kernels = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in self.optimizer.param_groups]
         if not self.sharded:
-            return self.optimizer.load_state_dict(sd)
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
-        set_optimizer_state_dict(self.model, self.optimizer, sd, options=StateDictOptions(full_state_dict=True))
+            self.optimizer.load_state_dict(sd)
+        else:
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
+            set_optimizer_state_dict(self.model, self.optimizer, sd, options=StateDictOptions(full_state_dict=True))
+        for g, kernel in zip(self.optimizer.param_groups, kernels):
+            g.update(kernel)
+            for p in g["params"] if g.get("fused") else []:       # the fused kernel takes its step counts on p's device
+                state = self.optimizer.state.get(p, {})
+                if "step" in state: state["step"] = state["step"].to(p.device, torch.float32)
 
 
 def full_model_state(model, sharded: bool):
