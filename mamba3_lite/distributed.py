@@ -84,6 +84,7 @@ class FullOptimState:
                 if "step" in state: state["step"] = state["step"].to(p.device, torch.float32)
 
 
+# %% ../nbs/10_distributed.ipynb #2929d409
 def full_model_state(model, sharded: bool):
     if not sharded:
         return None
