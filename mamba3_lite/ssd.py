@@ -377,21 +377,23 @@ def _from_chunks(t, T):
     return t.reshape(b, H, nc * L, *rest)[:, :, :T].transpose(1, 2)
 
 def cumulative_angle(delta, angle0, chunk_size, reset=None, chunked=False):
-    """Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π as a cumsum per chunk plus the carry into each chunk (a cumsum of the chunk totals),
-    wrapped once, in fp64: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S), or with chunked=True the chunk layout
-    (b, H, n_c, L, S) that `ssd_chunked` works in (padding tokens hold the last angle). reset (b, T) bool restarts the sum
-    at each document start (Φ_t = δ_t there, §11)."""
+    """Φ_t = (Φ_{-1} + Σ_{r<=t} δ_r) mod 2π: delta (b, T, H, S), angle0 (b, H, S) -> (b, T, H, S) in [0, 2π). Per chunk a
+    cumsum in delta's dtype plus the carry into the chunk, the cumsum of the chunk totals in fp64, wrapped. chunked=True:
+    the chunk layout (b, H, n_c, L, S) that `ssd_chunked` works in, carry plus local sum not wrapped again (padding tokens
+    hold the last angle). reset (b, T) bool restarts the sum at each document start (Φ_t = δ_t there, §11)."""
     if delta.shape[-1] == 0: return _to_chunks(delta, chunk_size) if chunked else delta   # no angles (S = 0)
-    local = _to_chunks(delta.double(), chunk_size).cumsum(3)              # (b, H, n_c, L, S)
+    d = _to_chunks(delta, chunk_size)                                     # (b, H, n_c, L, S)
+    local = d.cumsum(3)                                                   # at most L terms: delta's dtype
     carried = None                                                        # does the carry reach token l? (b, H, n_c, L, 1)
-    if reset is not None:
-        starts = _to_chunks(reset[:, :, None].expand(-1, -1, delta.shape[2]).double(), chunk_size) > 0   # (b, H, n_c, L)
+    if reset is None: total = d.sum(3, dtype=torch.float64)               # each chunk's rotation (b, H, n_c, S), fp64
+    else:
+        starts = _to_chunks(reset[:, :, None].expand(-1, -1, delta.shape[2]).to(delta.dtype), chunk_size) > 0   # (b, H, n_c, L)
         pos = torch.arange(starts.shape[-1], device=delta.device)
         last = torch.where(starts, pos, -1).cummax(-1).values             # the last start at or before l in its chunk, or -1
         before = local.gather(3, (last - 1).clamp_min(0)[..., None].expand_as(local))
         local = local - torch.where((last > 0)[..., None], before, 0.0)   # rotation since that start
-        carried = (last < 0)[..., None].double()
-    total = local[:, :, :, -1]                                            # each chunk's rotation (b, H, n_c, S)
+        carried = (last < 0)[..., None].to(delta.dtype)
+        total = torch.where((pos >= last[..., -1:])[..., None], d, 0.0).sum(3, dtype=torch.float64)   # since the last start
     before = total.cumsum(2) - total                                      # Σ of the chunk totals before chunk c (b, H, n_c, S)
     a0 = angle0.double()[:, :, None]
     if reset is None: carry = before + a0
@@ -401,9 +403,9 @@ def cumulative_angle(delta, angle0, chunk_size, reset=None, chunked=False):
         m = F.pad(m[..., :-1], (1, 0), value=-1)                          # ... < c
         since = before - before.gather(2, m.clamp_min(0)[..., None].expand_as(before))
         carry = since + torch.where((m < 0)[..., None], a0, 0.0)          # Φ_{-1} only where no start came before
-    start = carry[:, :, :, None]                                          # (b, H, n_c, 1, S), not wrapped: one wrap below
-    phi = wrap_angle((start if carried is None else carried * start) + local).to(delta.dtype)
-    return phi if chunked else _from_chunks(phi, delta.shape[1])
+    start = wrap_angle(carry).to(delta.dtype)[:, :, :, None]              # (b, H, n_c, 1, S), in [0, 2π)
+    phi = (start if carried is None else carried * start) + local
+    return phi if chunked else _from_chunks(wrap_angle(phi), delta.shape[1])
 
 # %% ../nbs/00_ssd.ipynb #a8c7fcf2
 def scan_scalars(dt, A, lam, reset=None):
@@ -439,13 +441,17 @@ class _Carried(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_in, g_run):
         e, h_in = ctx.saved_tensors
-        if g_in is None: g_in = torch.zeros_like(h_in)
-        g_s = torch.empty_like(h_in)                                        # ∂S_c = Ḡ_{c+1}
-        g_s[:, :, -1] = 0 if g_run is None else g_run
-        for c in range(h_in.shape[2] - 1, 0, -1):
-            torch.addcmul(g_in[:, :, c], e[:, :, c], g_s[:, :, c], out=g_s[:, :, c - 1])
-        g_seed = torch.addcmul(g_in[:, :, 0], e[:, :, 0], g_s[:, :, 0])
-        return (g_s * h_in).sum((-2, -1)) * e[..., 0, 0], g_s, g_seed
+        return _carry_back(e, h_in, torch.zeros_like(h_in) if g_in is None else g_in, g_run)
+
+def _carry_back(e, h_in, g_in, g_run):
+    """The reverse loop of the state passing: e = e^{g} (b, H, n_c, 1, 1), H_in and ∂H_in (b, H, n_c, P, N), ∂ of the
+    final state (or None) -> (∂g (b, H, n_c), ∂S (b, H, n_c, P, N), ∂h_seed (b, H, P, N))."""
+    g_s = torch.empty_like(h_in)                                            # ∂S_c = Ḡ_{c+1}
+    g_s[:, :, -1] = 0 if g_run is None else g_run
+    for c in range(h_in.shape[2] - 1, 0, -1):
+        torch.addcmul(g_in[:, :, c], e[:, :, c], g_s[:, :, c], out=g_s[:, :, c - 1])
+    g_seed = torch.addcmul(g_in[:, :, 0], e[:, :, 0], g_s[:, :, 0])
+    return (g_s * h_in).sum((-2, -1)) * e[..., 0, 0], g_s, g_seed
 
 def pass_states(log_decay, s_loc, h_seed, block=None):
     """State passing H_in[c+1] = e^{g_c} H_in[c] + S_c, H_in[0] = h_seed: log_decay g (b, H, n_c) (−∞ allowed),
@@ -539,6 +545,73 @@ class _Rotated(torch.autograd.Function):
             g_phi = g_phi + (_pairs(g, S) * _pairs(vt, S).conj() * u).imag   # ... and Im(∂ṽ conj(ṽ)) = Im(e^{-iφ}∂ṽ conj(ṽ) e^{iφ})
         return grads[0], grads[1], g_phi.sum_to_size(u.shape)
 
+# %% ../nbs/00_ssd.ipynb #9b13b76a
+def _per_row(t, R):
+    "(..., L) -> (..., L·R): each token's value on its R rows."
+    return t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], -1)
+
+def _row_sum(t, R):
+    "(..., L·R) -> (..., L): the sum over each token's R rows (the adjoint of `_per_row`)."
+    return t if R == 1 else t.unflatten(-1, (-1, R)).sum(-1)
+
+# %% ../nbs/00_ssd.ipynb #aac27c6c
+class _ChunkScan(torch.autograd.Function):
+    """Q, K (b, H, n_c, L·R, N), V (b, H, n_c, L·R, P), M (b, H, n_c, L, L), to_end and a_cum (b, H, n_c, L),
+    h_seed (b, H, P, N), D (H,) or None -> (Y (b, H, n_c, L·R, P), the final state (b, H, P, N)): the chunk states,
+    `pass_states`, and Y = e^a ⊙ (Q H_inᵀ) + G V with G = (Q Kᵀ) ⊙ M (+ D on the diagonal); backward written out."""
+    @staticmethod
+    def forward(ctx, Q, K, V, M, to_end, a_cum, h_seed, D):
+        b, H, nc, LR, N = Q.shape
+        R, P = LR // M.shape[-1], V.shape[-1]
+        flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
+        te = _per_row(to_end, R)
+        teV = te[..., None] * V                                             # κ ⊙ V
+        s_loc = torch.bmm(flat(teV).transpose(1, 2), flat(K)).view(b, H, nc, P, N)   # chunk states S_c
+        h_in, h_run = pass_states(a_cum[..., -1], s_loc, h_seed)            # H_in (b, H, n_c, P, N), the final state
+        QK = Q @ K.transpose(-1, -2)
+        G = _weighted(QK, M)                                                # (C̃_l · B̃_s) M_ls
+        if D is not None: G.diagonal(dim1=-2, dim2=-1).add_(D[:, None, None])   # + D on the diagonal: the skip D x_l
+        ea = _per_row(torch.exp(a_cum), R)
+        y = torch.baddbmm(flat(ea[..., None] * (Q @ h_in.transpose(-1, -2))), flat(G), flat(V))
+        ctx.save_for_backward(Q, K, V, M, QK, G, te, teV, ea, torch.exp(a_cum[..., -1:, None]), h_in)
+        dev = Q.device.type                                                 # the backward runs under the same autocast
+        ctx.has_D, ctx.autocast = D is not None, (dev, torch.get_autocast_dtype(dev), torch.is_autocast_enabled(dev))
+        return y.view(b, H, nc, LR, P), h_run
+
+    @staticmethod
+    def backward(ctx, dy, dh_run):
+        dev, dtype, enabled = ctx.autocast
+        with torch.autocast(dev, dtype=dtype, enabled=enabled):
+            return _ChunkScan._grads(ctx, dy, dh_run)
+
+    @staticmethod
+    def _grads(ctx, dy, dh_run):
+        Q, K, V, M, QK, G, te, teV, ea, e, h_in = ctx.saved_tensors
+        b, H, nc, LR, N = Q.shape
+        L, P = M.shape[-1], V.shape[-1]
+        flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
+        unflat = lambda t: t.view(b, H, nc, *t.shape[1:])
+        fQ, fK, fV, dy = flat(Q), flat(K), flat(V), flat(dy)
+        dG = torch.bmm(dy, fV.transpose(1, 2)).view(b, H, nc, LR, LR)
+        dD = dG.diagonal(dim1=-2, dim2=-1).sum((0, 2, 3)) if ctx.has_D else None
+        dM = dG * QK
+        if LR != L: dM = dM.unflatten(-1, (L, -1)).sum(-1).unflatten(-2, (L, -1)).sum(-2)
+        dQK = flat(_weighted(dG, M))
+        eady = ea.view(-1, LR, 1) * dy                                      # e^a ⊙ ∂Y
+        E = torch.bmm(eady, flat(h_in))                                     # (L·R, N)
+        da = _row_sum((fQ * E).sum(-1).view(b, H, nc, LR), LR // L)
+        dQ = torch.baddbmm(E, dQK, fK)
+        dh_in = unflat(torch.bmm(eady.transpose(1, 2), fQ))                 # (P, N), contiguous for the reverse loop
+        d_decay, g_s, g_seed = _carry_back(e, h_in, dh_in, dh_run)
+        da[..., -1] += d_decay
+        fg = flat(g_s)
+        dteV = torch.bmm(fK, fg.transpose(1, 2))                            # ∂(κ ⊙ V) = K ∂Sᵀ
+        dK = torch.bmm(dQK.transpose(1, 2), fQ)
+        dK.baddbmm_(flat(teV).to(dK.dtype), fg.to(dK.dtype))               # (in place: autocast casts nothing)
+        dV = torch.bmm(flat(G).transpose(1, 2), dy).addcmul_(flat(te)[..., None], dteV)
+        dte = _row_sum((fV * dteV).sum(-1).view(b, H, nc, LR), LR // L)
+        return unflat(dQ), unflat(dK), unflat(dV), dM, dte, da, g_seed, dD
+
 # %% ../nbs/00_ssd.ipynb #65168138
 def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, seq_idx=None):
     "Chunked (scaled-key SSD) Mamba-3 core: the contract of `ssd_naive` (seq_idx included), any T, any chunk_size >= 1."
@@ -564,20 +637,12 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     elif S: Bc, Cc = _Rotated.apply(Bc, Cc, phi[..., None, :])
     else: Bc, Cc = Bc.contiguous(), Cc.contiguous()                   # (with angles the rotation writes them contiguous)
     rows = lambda t: t.reshape(b, H, nc, L * R, t.shape[-1])
-    per_row = lambda t: t if R == 1 else t[..., None].expand(*t.shape, R).reshape(*t.shape[:-1], L * R)
-    Q, K, V = rows(Cc), rows(Bc), rows(Xc)                              # (b, H, n_c, L·R, N | N | P)
     M, to_end = _Decayed.apply(a_c, s_c, g_c)                           # M (b, H, n_c, L, L); e^{a_{L-1} - a_s} σ_s
-    flat = lambda t: t.reshape(b * H * nc, *t.shape[3:])
-    s_loc = torch.bmm(flat(per_row(to_end)[..., None] * V).transpose(1, 2), flat(K)).view(b, H, nc, P, N)   # chunk states S_c
     a_cum = a_c.cumsum(-1)                                              # a_l (b, H, n_c, L), non-increasing, <= 0
-    h_in, h_run = pass_states(a_cum[..., -1], s_loc, h_seed)            # H_in (b, H, n_c, P, N), the final state
-    G = _weighted(Q @ K.transpose(-1, -2), M)                           # (C̃_l · B̃_s) M_ls (b, H, n_c, L·R, L·R)
-    if D is not None: G.diagonal(dim1=-2, dim2=-1).add_(z.D[:, None, None])   # + D on the diagonal: the skip D x_l
-    y_state = per_row(torch.exp(a_cum))[..., None] * (Q @ h_in.transpose(-1, -2))   # (b, H, n_c, L·R, P)
-    y = torch.baddbmm(flat(y_state), flat(G), flat(V))                  # + the intra-chunk part, the diagonal and D
+    y, h_run = _ChunkScan.apply(rows(Cc), rows(Bc), rows(Xc), M, to_end, a_cum, h_seed, None if D is None else z.D)
     last = lambda t: t.reshape(b, H, nc * L, *t.shape[4:])[:, :, T - 1]   # token T-1 of a chunk-layout tensor
     return (_pack_y(_from_chunks(y.view(b, H, nc, L, R, P), T), x, z.mimo),
-            _pack_state(last(phi) if S else phi0, h_run, last(Bc), z.x[:, -1], z.mimo))
+            _pack_state(wrap_angle(last(phi)) if S else phi0, h_run, last(Bc), z.x[:, -1], z.mimo))
 
 # %% ../nbs/00_ssd.ipynb #e85d3b33
 def seq_idx_from_eos(ids, eos_id):
