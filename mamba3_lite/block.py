@@ -209,10 +209,12 @@ def reset_parameters(self: Mamba3Block):
 # %% ../nbs/02_block.ipynb #01142911
 def _per_head(bc: torch.Tensor, bias: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(b,T,R,G,N) normalised group rows -> broadcast group to heads -> + bias (H,R,N) or None -> (b,T,H,R,N).
-    Head h reads group h // (H/G): an expanded view (no copy when G = 1), so the bias add is the only op."""
+    Head h reads group h // (H/G): an expanded view (no copy when G = 1), so the bias add is the only op. The bias is
+    broadcast over the batch on its own, so that its gradient is summed over the tokens, then over the batch: the
+    gradient comes back in the SSD's head-major layout, where one sum over both dims is several times slower on a CPU."""
     b, T, R, G, N = bc.shape
     bc = bc[:, :, :, :, None].expand(b, T, R, G, n_heads // G, N).reshape(b, T, R, n_heads, N).transpose(2, 3)
-    return bc if bias is None else bc + fp32(bias)
+    return bc if bias is None else bc + fp32(bias).expand(b, 1, *bias.shape)
 
 
 @patch

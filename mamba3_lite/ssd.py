@@ -382,7 +382,7 @@ def cumulative_angle(delta, angle0, chunk_size, reset=None, chunked=False):
     the chunk layout (b, H, n_c, L, S) that `ssd_chunked` works in, carry plus local sum not wrapped again (padding tokens
     hold the last angle). reset (b, T) bool restarts the sum at each document start (Φ_t = δ_t there, §11)."""
     if delta.shape[-1] == 0: return _to_chunks(delta, chunk_size) if chunked else delta   # no angles (S = 0)
-    d = _to_chunks(delta, chunk_size)                                     # (b, H, n_c, L, S)
+    d = _to_chunks(delta, chunk_size).contiguous()                        # (b, H, n_c, L, S), dense: its sums run along L
     local = d.cumsum(3)                                                   # at most L terms: delta's dtype
     carried = None                                                        # does the carry reach token l? (b, H, n_c, L, 1)
     if reset is None: total = d.sum(3, dtype=torch.float64)               # each chunk's rotation (b, H, n_c, S), fp64
@@ -517,12 +517,19 @@ def _pairs(v, S):
     "The pairs (2j, 2j+1), j < S, of v (..., N) as a complex view (..., S)."
     return torch.view_as_complex(v[..., :2 * S].unflatten(-1, (S, 2)))
 
+def _pair_buffer(v):
+    "An empty tensor like v (..., N) with an even row stride, so that `_pairs` can view it (odd N: one unused column)."
+    N = v.shape[-1]
+    return torch.empty(*v.shape[:-1], N + N % 2, dtype=v.dtype, device=v.device)[..., :N]
+
+def _with_pairs(v):
+    "v if `_pairs` can view it (unit stride along N, every other stride even), else such a copy."
+    return v if v.stride(-1) == 1 and all(s % 2 == 0 for s in v.stride()[:-1]) else _pair_buffer(v).copy_(v)
+
 def _turned(v, u):
     "A copy of v (..., N) whose pairs (2j, 2j+1), j < S, as complex numbers are multiplied by u (..., S): by e^{iφ}, rotated by φ."
-    S, N = u.shape[-1], v.shape[-1]
-    out = torch.empty(*v.shape[:-1], N + N % 2, dtype=v.dtype, device=v.device)[..., :N]   # an even row stride: complex view
-    out.copy_(v)
-    _pairs(out, S).mul_(u)
+    out = _pair_buffer(v).copy_(v)
+    _pairs(out, u.shape[-1]).mul_(u)
     return out
 
 class _Rotated(torch.autograd.Function):
@@ -538,11 +545,11 @@ class _Rotated(torch.autograd.Function):
     def backward(ctx, gB, gC):
         u, Bt, Ct = ctx.saved_tensors
         S, grads, g_phi = u.shape[-1], [], 0
+        unturn = u.conj().resolve_conj()                                    # e^{-iφ}, once for both
         for g, vt in ((gB, Bt), (gC, Ct)):
             if g is None: grads.append(None); continue
-            g = _turned(g, u.conj())                                        # e^{-iφ} ∂ṽ ...
-            grads.append(g)
-            g_phi = g_phi + (_pairs(g, S) * _pairs(vt, S).conj() * u).imag   # ... and Im(∂ṽ conj(ṽ)) = Im(e^{-iφ}∂ṽ conj(ṽ) e^{iφ})
+            g_phi = g_phi + (_pairs(_with_pairs(g), S) * _pairs(vt, S).conj()).imag   # Im(∂ṽ conj(ṽ)) ...
+            grads.append(_turned(g, unturn))                                # ... and e^{-iφ} ∂ṽ
         return grads[0], grads[1], g_phi.sum_to_size(u.shape)
 
 # %% ../nbs/00_ssd.ipynb #9b13b76a
@@ -628,7 +635,8 @@ def ssd_chunked(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chu
     # from here on the chunk layout (b, H, n_c, L, ...); (token, rank) flattened into L·R rows for the products
     S = z.theta.shape[-1]
     if S: phi = cumulative_angle(angle_increment(z.dt, z.theta), phi0, L, z.reset, chunked=True)   # Φ (b, H, n_c, L, S)
-    a_c, g_c, s_c = (_to_chunks(t, L) for t in (adt, gamma, sigma))     # ΔA, γ, σ (b, H, n_c, L)
+    a_c, g_c, s_c = (_to_chunks(t, L).contiguous() for t in (adt, gamma, sigma))   # ΔA, γ, σ (b, H, n_c, L), dense: the
+    # (L, L) weights made from them are then dense too
     nc = a_c.shape[2]
     Bc, Cc, Xc = _to_chunks(z.B, L), _to_chunks(z.C, L), _to_chunks(z.x, L).contiguous()   # (b, H, n_c, L, R, N | N | P)
     if S and torch.compiler.is_compiling():                           # B̃, C̃ (no complex kernels in Inductor)
