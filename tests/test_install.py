@@ -1,5 +1,6 @@
 """A non-editable install works outside a clone: build the wheel, install it into a fresh venv, run the
-console script from an empty directory (the packaged configs are found through importlib.resources)."""
+console script from an empty directory (the packaged configs are found through importlib.resources). An editable
+install finds them too, whatever build tools the environment holds."""
 import os
 import subprocess
 import sys
@@ -55,3 +56,27 @@ def test_quickstart_from_a_wheel_in_an_empty_directory(tmp_path):
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert "[quickstart] validation loss" in r.stdout
     assert list(empty.rglob("meta_step_2.json"))                         # the run landed in the empty directory
+
+
+
+def test_an_editable_install_finds_the_configs_where_wheel_is_installed(tmp_path):
+    """Without a pyproject.toml, pip installs a project editable with the legacy `setup.py develop` wherever
+    setuptools and wheel are both importable, and setuptools before 80 then puts the checkout on sys.path, where
+    `mamba3_lite/configs` does not exist (the configs live at the top-level configs/). pyproject.toml's build system
+    keeps pip on the standard editable install (PEP 660), which maps `mamba3_lite.configs` to configs/. Here: a venv
+    seeded by ensurepip (Python 3.11: pip 23.2, setuptools 65.5) plus wheel from the package index."""
+    root = tmp_path / "venv"
+    venv.create(root, with_pip=True)
+    py = root / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "wheel"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"pip install wheel (from the package index): {r.stderr[-2000:]}"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-build-isolation", "-e", str(REPO)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tools = subprocess.check_output([str(py), "-c", "from importlib.metadata import version as v; print('pip', v('pip'), 'setuptools', v('setuptools'))"], text=True)
+    empty = tmp_path / "empty"; empty.mkdir()
+    r = subprocess.run([str(py), "-c", "import importlib.resources as res; "
+                        "print(sorted(p.name for p in res.files('mamba3_lite.configs').iterdir() if p.name.endswith('.yaml')))"],
+                       cwd=empty, capture_output=True, text=True, timeout=120)
+    print(tools.strip(), "->", r.stdout.strip() or r.stderr.strip().splitlines()[-1])
+    assert r.returncode == 0 and "tiny_cpu.yaml" in r.stdout, r.stderr[-2000:]
