@@ -24,7 +24,10 @@ PYTHONPATH: `bench/official_source.py` fetches one) and einops. Five things the 
 which moves a byte: the four inline-PTX approximations of `utils.py` (cos, sin, tanh and sech² from tanh) by
 `tl.cos`, `tl.sin` and tanh from `tl.sigmoid`; the host asserts that the tensors are on CUDA; every autotuned kernel
 held to its first config (the interpreter cannot benchmark); TMA scratch from a CPU allocator; and the interpreter's
-missing bf16 scalar constant. The values its kernels compute there are not checked (bf16 dots), only their traffic.
+missing bf16 scalar constant. On Triton 3.6 (the version torch 2.11 pins) one more: its interpreter turns a loop bound
+such as `range(nchunks)` into an int with `int()` of a 1-element array, which numpy refuses; the bound is squeezed
+first, as Triton 3.7's interpreter does. The values its kernels compute there are not checked (bf16 dots), only their
+traffic.
 
     python bench/ssd_traffic.py                       # b16 T2048 H32 P64 N128, bf16, shared B/C + biases, sm_90 launches
     python bench/ssd_traffic.py --arch 80 --json /tmp/traffic.json
@@ -242,6 +245,16 @@ def _bf16_constant(builder, value):
     return interp.TensorHandle(data, tl.bfloat16)
 
 
+def _squeezed_index(patch):
+    """The interpreter's patch of `tl.tensor` (`patch`), then `__index__` that squeezes a 1-element array before
+    `int()`, as Triton 3.7's interpreter does: Triton 3.6's takes `int()` of the array, which numpy refuses."""
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+    patched.squeezes_index = True
+    return patched
+
+
 def official_siso():
     """(`mamba3_siso_combined`, the mamba_ssm version) of the official kernels, made runnable under the interpreter
     (the module docstring lists what is replaced). Raises ModuleNotFoundError when mamba_ssm is not on sys.path.
@@ -269,6 +282,9 @@ def official_siso():
             if isinstance(k, triton.runtime.autotuner.Autotuner): k.configs = k.configs[:1]
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8))
     if not hasattr(interp.InterpreterBuilder, "get_bf16"): interp.InterpreterBuilder.get_bf16 = _bf16_constant
+    patch = getattr(interp, "_patch_lang_tensor", None)   # the official chunk loops' `range(nchunks)` on Triton 3.6
+    if patch is not None and not getattr(patch, "squeezes_index", False):
+        interp._patch_lang_tensor = _squeezed_index(patch)
     init = os.path.join(os.path.dirname(utils.__file__), "..", "..", "..", "__init__.py")
     version = re.search(r'__version__ = "([^"]+)"', open(init).read())
     return combined, version[1] if version else "unknown"

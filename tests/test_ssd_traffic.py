@@ -3,10 +3,13 @@ and the exactness of its (b, T, H) fit."""
 import importlib.util
 import itertools
 import json
+import operator
 import os
 import sys
+import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -95,6 +98,20 @@ def test_sites_split_each_kernels_bytes_by_source_line():
         for field in ("read", "write"):
             assert sum(v[field] for v in sites.values()) == r[field], (key, field)
     print(len([k for k in out if len(k) == 3]), "sites")
+
+
+def test_a_loop_bound_held_as_a_one_element_array_converts_to_an_int():
+    """Triton 3.6's interpreter hands `range(nchunks)` a 1-element array and takes `int()` of it, which numpy refuses;
+    the patch the official kernels run under squeezes it first, after the interpreter's own patch, and is undone with it."""
+    class Tensor: pass
+    seen, scope = [], traffic.interp._LangPatchScope()
+    traffic._squeezed_index(lambda tensor, scope: seen.append(tensor))(Tensor, scope)
+    bound = Tensor()
+    bound.handle = types.SimpleNamespace(data=np.array([7], dtype=np.int32))
+    print(f"range({operator.index(bound)}), after the interpreter's own patch ({len(seen)} call)")
+    assert seen == [Tensor] and list(range(bound)) == list(range(7))
+    scope.restore()
+    assert not hasattr(Tensor, "__index__")
 
 
 @triton.jit
