@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import importlib.util
 import json
 import math
 import os
@@ -210,9 +211,22 @@ ConfigLoader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
+def _packaged_dir():
+    """The folder of the packaged configs: `mamba3_lite.configs` where the package is installed (a wheel, or an editable
+    install, which maps it to the repository's top-level configs/), else, for a checkout imported without installing
+    (its root on sys.path), that configs/ itself."""
+    try:
+        return importlib.resources.files("mamba3_lite.configs")
+    except ModuleNotFoundError:
+        root = Path(importlib.util.find_spec("mamba3_lite").origin).parent.parent
+        if (root / "settings.ini").is_file() and (root / "configs").is_dir():
+            return root / "configs"
+        raise
+
+
 def packaged_configs() -> list:
     "Names of the configs shipped inside the package (`mamba3_lite/configs/*.yaml`)."
-    return sorted(p.name[:-5] for p in importlib.resources.files("mamba3_lite.configs").iterdir() if p.name.endswith(".yaml"))
+    return sorted(p.name[:-5] for p in _packaged_dir().iterdir() if p.name.endswith(".yaml"))
 
 
 def config_path(spec) -> Path:
@@ -221,7 +235,7 @@ def config_path(spec) -> Path:
     if path.is_file():
         return path
     if str(spec) in packaged_configs():
-        return Path(str(importlib.resources.files("mamba3_lite.configs") / f"{spec}.yaml"))
+        return Path(str(_packaged_dir() / f"{spec}.yaml"))
     raise FileNotFoundError(f"config file not found: {spec} (a path, or one of the packaged configs: {', '.join(packaged_configs())})")
 
 

@@ -80,3 +80,17 @@ def test_an_editable_install_finds_the_configs_where_wheel_is_installed(tmp_path
                        cwd=empty, capture_output=True, text=True, timeout=120)
     print(tools.strip(), "->", r.stdout.strip() or r.stderr.strip().splitlines()[-1])
     assert r.returncode == 0 and "tiny_cpu.yaml" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_checkout_imported_without_installing_finds_the_configs(tmp_path):
+    """The GPU benchmark suite runs from a copy of the tree with its root on sys.path and nothing installed: there is
+    no `mamba3_lite.configs` package, so the packaged configs are read from the checkout's configs/. A venv that sees
+    this venv's packages but not its editable install of the checkout, the checkout's root on PYTHONPATH."""
+    py = fresh_venv(tmp_path / "venv")
+    empty = tmp_path / "empty"; empty.mkdir()
+    r = subprocess.run([str(py), "-c", "import importlib.util, mamba3_lite.config as c; "
+                        "print(importlib.util.find_spec('mamba3_lite.configs'), c.packaged_configs(), c.load_config('tiny_cpu').model['preset'])"],
+                       cwd=empty, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    print(r.stdout.strip() or r.stderr.strip().splitlines()[-1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[0] == "None" and "['pretrain_a100_400m', 'tiny_cpu'] tiny" in r.stdout, r.stdout
