@@ -123,7 +123,7 @@ class Pretrainer:
         self.env = env = setup_distributed(t.device)
         self._print = log or (lambda s: print(s, flush=True))
         if env.device.type == "cpu":
-            for ft in (np.float16, np.float32, np.float64, np.longdouble): np.finfo(ft)  # numpy < 2.3 warns if made after:
+            for ft in (np.float16, np.float32, np.float64, np.longdouble): np.finfo(ft)  # numpy 2.2 warns if they are made after:
             torch.set_flush_denormal(True)                                               # subnormals become zero
             if t.cpu_malloc_cache and keep_freed_memory_in_heap():
                 self.log("[cpu] glibc keeps freed buffers up to 1 GiB in the heap (training.cpu_malloc_cache)")

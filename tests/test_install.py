@@ -60,10 +60,9 @@ def test_quickstart_from_a_wheel_in_an_empty_directory(tmp_path):
     assert list(empty.rglob("meta_step_2.json"))                         # the run landed in the empty directory
 
 
-
 def test_an_editable_install_finds_the_configs_where_wheel_is_installed(tmp_path):
     """Without a pyproject.toml, pip installs a project editable with the legacy `setup.py develop` wherever
-    setuptools and wheel are both importable, and setuptools before 80 then puts the checkout on sys.path, where
+    setuptools and wheel are both importable, and an older setuptools (65.5) then puts the checkout on sys.path, where
     `mamba3_lite/configs` does not exist (the configs live at the top-level configs/). pyproject.toml's build system
     keeps pip on the standard editable install (PEP 660), which maps `mamba3_lite.configs` to configs/. Here: a venv
     seeded by ensurepip (Python 3.11: pip 23.2, setuptools 65.5) plus wheel from the package index; skipped where
