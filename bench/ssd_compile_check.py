@@ -13,6 +13,7 @@ ssd_compile_check.json.
     python bench/ssd_compile_check.py --arch 80 90 --autotune --resets both --fail-on-spill   # what CI checks
     python bench/ssd_compile_check.py --arch 90 --chunk 32 64 --warps 4 8 16 --stages 1 2 --P 64 --N 64
     python bench/ssd_compile_check.py --groups groups.json --workers 2   # several argument lists, each kernel once
+    python bench/ssd_compile_check.py --arch 90 --kernels bwd_chunk --default-config --bias on --maxnreg 240 224   # registers a launch needs
 """
 import argparse
 import contextlib
@@ -155,6 +156,7 @@ def compile_row(job):
     except Exception as e:
         return dict(kernel=job["kind"], half=job["half"], arch=job["arch"], dtype=job["dtype"], L=job["L"],
                     num_warps=job["warps"], num_stages=job["stages"], bias=job["bias"], resets=job["resets"],
+                    maxnreg=job.get("maxnreg"),
                     error=f"{type(e).__name__}: {e}"[:2000])
 
 
@@ -240,6 +242,9 @@ def parser():
     p.add_argument("--autotune", action="store_true",
                    help="compile every config `triton.autotune` may pick for the arch (`autotune_configs`; the default "
                         "first; ignores --warps/--stages/--bn)")
+    p.add_argument("--maxnreg", type=int, nargs="+", default=[None],
+                   help="hold ptxas to these registers per thread (Triton's maxnreg), one compile each; default: no "
+                        "cap. The fewest that still compile without spills are what a launch needs")
     p.add_argument("--markdown", action="store_true",
                    help="also print the table as markdown: a row per launch, a column per arch/dtype/bias/resets")
     p.add_argument("--fail-on-spill", action="store_true", help="exit 1 if any compiled kernel spills registers")
@@ -256,10 +261,11 @@ def jobs(a):
     biases = {"on": (True,), "off": (False,), "both": (False, True)}[a.bias]
     resets_ = {"on": (True,), "off": (False,), "both": (False, True)}[a.resets]
     return [dict(kind=kind, dtype=dtype, L=L, P=a.P, N=a.N, warps=warps, stages=stages, arch=arch, bias=bias,
-                 resets=resets, BN=BN, half=half)
+                 resets=resets, BN=BN, half=half, maxnreg=maxnreg)
             for arch in a.arch for dtype in a.dtype for bias in biases for resets in resets_
             for L in dict.fromkeys(kern.kernel_chunk(c, TORCH_DTYPES[dtype]) for c in a.chunk)   # as ssd_triton runs it
-            for kind in a.kernels for warps, stages, BN, half in launches(kind, arch, dtype, a)]
+            for kind in a.kernels for warps, stages, BN, half in launches(kind, arch, dtype, a)
+            for maxnreg in a.maxnreg]
 
 
 def main(argv=None):
@@ -270,12 +276,13 @@ def main(argv=None):
     rows = compile_rows([j for js in group_jobs for j in js], a.workers)
     failed = False
     print(f"triton {triton.__version__}, P={a.P} N={a.N}" if not a.groups else f"triton {triton.__version__}")
-    print(f"{'kernel':12} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'regs':>5} "
+    print(f"{'kernel':12} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'cap':>4} {'regs':>5} "
           f"{'spill st/ld B':>14} {'smem KiB':>8} {'cp.async':>8} {'tma':>4} {'CTA/SM':>6} {'compile s':>9}")
     for r in rows:
         name = r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
         head = (f"{name:12} {r['arch']:4} {r['dtype']:5} {'yes' if r['bias'] else 'no':4} "
-                f"{'yes' if r['resets'] else 'no':3} {r['L']:4} {r['num_warps']:5} {r['num_stages']:6}")
+                f"{'yes' if r['resets'] else 'no':3} {r['L']:4} {r['num_warps']:5} {r['num_stages']:6} "
+                f"{r.get('maxnreg') or '-':>4}")
         if "error" in r:   # a compile error is the finding: report it and fail at the end
             failed = True
             print(f"{head} COMPILE ERROR {r['error'][:300]}")

@@ -218,7 +218,10 @@ COMPILE_GROUPS = dict(
     **{name: ("--arch", "80", "90", "--default-config", "--resets", "both", "--P", "64", *more) for name, more in dict(
         fp32=("--dtype", "fp32", "--bias", "on", "--N", "128"),
         per_head=("--dtype", "bf16", "fp32", "--bias", "off", "--kernels", "rotate", "bwd_angle", "--N", "128"),
-        fp32_rotate64=("--dtype", "fp32", "--bias", "both", "--kernels", "rotate", "--N", "64")).items()})
+        fp32_rotate64=("--dtype", "fp32", "--bias", "both", "--kernels", "rotate", "--N", "64")).items()},
+    # the sm_90 chunk backward at its default config held to 240 and 224 registers a thread (ptxas maxnreg)
+    headroom=("--arch", "90", "--kernels", "bwd_chunk", "--default-config", "--bias", "on", "--P", "64", "--N", "128",
+              "--maxnreg", "240", "224"))
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +268,16 @@ def test_default_and_autotune_configs_do_not_spill(autotune_table, arch, N, kern
         (c["num_warps"], c["num_stages"], c.get("BN"), h) for c in configs for h in halves]
     for r in rows:
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+
+
+def test_the_chunk_backward_needs_more_than_224_registers_on_sm90(compiled):
+    """What `01_ssd_triton` says to explain why the backward carries dL/dH in a kernel of its own: the sm_90 chunk
+    backward (bf16, N = 128, its default config) compiles without spills when ptxas may give it 240 registers a
+    thread and spills at 224, so the 32 a thread that a carried (64, 128) fp32 dH adds at 8 warps do not fit in 255."""
+    rows = {r["maxnreg"]: r for r in compiled["headroom"]}
+    assert sorted(rows) == [224, 240] and all(r["num_warps"] == 8 and r["registers"] <= r["maxnreg"] for r in rows.values())
+    assert rows[240]["spill_store_bytes"] == 0 and rows[240]["spill_load_bytes"] == 0, rows[240]
+    assert rows[224]["spill_store_bytes"] > 0, rows[224]
 
 
 @pytest.fixture(scope="module")
