@@ -199,15 +199,20 @@ def launches(kind, arch, dtype, a):
     return [(w, s, bn, h) for w, s, bn in grid for h in halves]
 
 
+def launch_name(r):
+    "A row's launch: the kernel, `.half` for a kernel split in two launches, `@cap` for a ptxas register cap."
+    name = r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
+    return name if r.get("maxnreg") is None else f"{name}@{r['maxnreg']}"
+
+
 def markdown(rows, N):
     """The rows as a markdown table: a row per launch, a column per (arch, dtype, chunk, bias, resets); a cell is the
     spill store/load bytes, then registers, warps and stages."""
     cols = list(dict.fromkeys((r["arch"], r["dtype"], r["L"], r["bias"], r["resets"]) for r in rows))
-    names = list(dict.fromkeys(r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
-                               for r in rows))
+    names = list(dict.fromkeys(launch_name(r) for r in rows))
     cell = {}
     for r in rows:
-        name = r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
+        name = launch_name(r)
         cell[(name, (r["arch"], r["dtype"], r["L"], r["bias"], r["resets"]))] = (
             r["error"][:40] if "error" in r else
             f"{r['spill_store_bytes']}/{r['spill_load_bytes']} ({r['registers']}, {r['num_warps']} w, {r['num_stages']} st)")
@@ -279,7 +284,7 @@ def main(argv=None):
     print(f"{'kernel':12} {'arch':>4} {'dtype':5} {'bias':4} {'rst':3} {'L':>4} {'warps':>5} {'stages':>6} {'cap':>4} {'regs':>5} "
           f"{'spill st/ld B':>14} {'smem KiB':>8} {'cp.async':>8} {'tma':>4} {'CTA/SM':>6} {'compile s':>9}")
     for r in rows:
-        name = r["kernel"] if r.get("half") in (None, "all") else f"{r['kernel']}.{r['half']}"
+        name = launch_name(r)
         head = (f"{name:12} {r['arch']:4} {r['dtype']:5} {'yes' if r['bias'] else 'no':4} "
                 f"{'yes' if r['resets'] else 'no':3} {r['L']:4} {r['num_warps']:5} {r['num_stages']:6} "
                 f"{r.get('maxnreg') or '-':>4}")
