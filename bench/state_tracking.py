@@ -44,6 +44,8 @@ def parse_args(argv=None):
     recipe.add_argument("--layers", type=int, default=None, dest="n_layers")
     recipe.add_argument("--stages", default=None, help="longest training length of each stage, e.g. 40,80,160")
     recipe.add_argument("--steps-per-stage", default=None, help="one count for every stage, or one per stage")
+    recipe.add_argument("--min-length-frac", type=float, default=None,
+                        help="each step's length is uniform in [max(3, frac * stage length), stage length]")
     recipe.add_argument("--a-init", default=None,
                         help="initial decay rate |A|: a (0 < a < 1), lo,hi (spread over each layer's heads), or 'none' (the LM's)")
     recipe.add_argument("--dt-range", default=None, help="initial Δ range: min,max (log-uniform)")
@@ -63,7 +65,7 @@ def parse_args(argv=None):
         if v not in VARIANTS: p.error(f"--variants: unknown variant {v!r}; expected some of {list(VARIANTS)}")
     a.lrs = None if a.lrs is None else tuple(float(x) for x in a.lrs.split(","))
     a.eval_lengths = _ints(a.eval_lengths)
-    over = {k: getattr(a, k) for k in ("n_layers", "head", "batch_size", "curve_every") if getattr(a, k) is not None}
+    over = {k: getattr(a, k) for k in ("n_layers", "head", "batch_size", "curve_every", "min_length_frac") if getattr(a, k) is not None}
     if a.stages is not None: over["stages"] = _ints(a.stages)
     if a.steps_per_stage is not None:
         steps = _ints(a.steps_per_stage)

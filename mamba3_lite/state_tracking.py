@@ -102,6 +102,7 @@ class StateTrackingConfig:
     batch_size: int = 64
     stages: tuple = (8, 16, 40, 80, 160)        # curriculum: the longest training length of each stage
     steps_per_stage: int | tuple = 400         # one count for every stage, or one per stage
+    min_length_frac: float = 0.0               # a step's length is uniform in [max(3, min_length_frac·T_k), T_k]
     seed: int = 0
     eval_lengths: tuple = (40, 80, 160, 256, 512)
     eval_sequences: int = 256                  # per evaluation length
@@ -118,6 +119,8 @@ class StateTrackingConfig:
         steps = self.stage_steps()
         if len(steps) != len(self.stages) or min(steps) < 1:
             raise ValueError(f"steps_per_stage: expected a count >= 1, or one per stage ({len(self.stages)}), got {self.steps_per_stage!r}")
+        if not 0 <= self.min_length_frac <= 1:
+            raise ValueError(f"min_length_frac: expected a fraction in [0, 1], got {self.min_length_frac!r}")
         a = self.a_init
         if not (a is None or (isinstance(a, (int, float)) and 0 < a <= 1) or
                 (isinstance(a, (tuple, list)) and len(a) == 2 and 0 < a[0] <= a[1] <= 1)):
@@ -193,7 +196,7 @@ def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=Non
     losses, curve, t0, cpu0, step = [], [], time.perf_counter(), time.process_time(), 0
     for T_max, n_steps in zip(cfg.stages, stage_steps):
         for _ in range(n_steps):
-            T = int(torch.randint(3, T_max + 1, (1,), generator=gen))
+            T = int(torch.randint(max(3, int(cfg.min_length_frac * T_max)), T_max + 1, (1,), generator=gen))
             loss = task_loss(model, *BATCHES[cfg.task](cfg.batch_size, T, gen), TASKS[cfg.task])
             opt.zero_grad(set_to_none=True)
             loss.backward()
