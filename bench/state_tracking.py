@@ -56,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-sequences", type=int, default=256)
     p.add_argument("--out", default=None, help="JSON path (default bench/results/state_tracking_<date>.json)")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                   help="combine the runs of earlier JSON files (e.g. sweeps run in parallel processes) into --out")
+                   help="combine the runs of --tasks from earlier JSON files (e.g. sweeps run in parallel processes) into --out")
     a = p.parse_args(argv)
     a.tasks, a.variants = a.tasks.split(","), a.variants.split(",")
     for t in a.tasks:
@@ -133,9 +133,10 @@ def best_of(runs: list) -> dict:
         score = lambda acc: sum(v for k, v in acc.items() if int(k) <= train_max) / max(1, sum(int(k) <= train_max for k in acc))
         cur = best.setdefault(c["task"], {}).get(c["variant"])
         if cur is None or score(r["scaled_accuracy"]) > score(cur["scaled_accuracy"]):
+            stage_steps = r.get("stage_steps") or [c["steps_per_stage"]] * len(c["stages"])   # runs written before curves
             best[c["task"]][c["variant"]] = dict(
-                lr=c["lr"], scaled_accuracy=r["scaled_accuracy"], steps=sum(r["stage_steps"]), stages=c["stages"],
-                stage_steps=r["stage_steps"], cpu_s=r["cpu_s"], curve=r["curve"], curve_length=c["curve_length"])
+                lr=c["lr"], scaled_accuracy=r["scaled_accuracy"], steps=sum(stage_steps), stages=c["stages"],
+                stage_steps=stage_steps, cpu_s=r["cpu_s"], curve=r.get("curve", []), curve_length=c.get("curve_length", 256))
     return best
 
 
@@ -178,7 +179,7 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     if a.merge:
         parts = [json.loads(Path(f).read_text()) for f in a.merge]
-        runs = [r for part in parts for r in part["runs"]]
+        runs = [r for part in parts for r in part["runs"] if r["config"]["task"] in a.tasks]
         result = dict(date=date, settings=merged_settings(parts), runs=runs, best=best_of(runs), paper_at_256=PAPER_256,
                       cpu_s=sum(r["cpu_s"] for r in runs), wall_s=max(p["wall_s"] for p in parts),
                       machine=[p.get("machine") for p in parts], threads=1, torch=torch.__version__)
