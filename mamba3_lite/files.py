@@ -139,10 +139,12 @@ def _discard(path):
 
 def fresh_temp(path) -> Path:
     """`temp_path(path)` created empty, new and regular (`O_EXCL`: never a link's target; a dead process's leftover
-    under this pid is removed first): a directory that refuses it raises an `OSError` naming it before any writer runs."""
+    under this pid is removed first). A directory that refuses it raises an `OSError` naming `path`, before any writer
+    runs (a library would word it its own way)."""
     tmp = temp_path(path)
     _discard(tmp)
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+    try: os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+    except OSError as e: raise type(e)(e.errno, e.strerror, str(path)) from None
     return tmp
 
 def atomic_write(path, write_fn, sync_dir=True) -> dict:
