@@ -132,6 +132,7 @@ def seal(tmp) -> dict:
     fsync_file(tmp)
     return file_digest(tmp)
 
+# %% ../nbs/04_files.ipynb #8f8e68e5
 def _discard(path):
     "Remove `path` if it is there; failing to (a read-only directory) is not a second error."
     try: os.unlink(path)

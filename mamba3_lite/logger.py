@@ -96,11 +96,10 @@ def truncate_metrics(path, step: int, moved_to=None) -> int:
     """Rewrite `path` (atomically) keeping only whole records with `step <= step` (none when `step` is 0: a fresh
     start). A resumed run re-logs the steps after its checkpoint, so without this they appear twice; a torn last
     line (a crash mid-write) is dropped rather than left to swallow the next record. `moved_to`: a file the dropped
-    whole records are appended to first (a rewind keeps them beside its abandoned steps). Returns the lines dropped.
-    A `path` that is a symbolic link is refused (`LinkRefusedError`): the run's metrics are its own file."""
+    whole records are appended to first (a rewind keeps them beside its abandoned steps). Returns the lines dropped."""
     path = Path(path)
-    if not path.is_symlink() and not path.exists(): return 0
-    with open(open_no_follow(path, os.O_RDONLY), encoding="utf-8") as f: text = f.read()
+    if not os.path.lexists(path): return 0
+    with open(open_no_follow(path, os.O_RDONLY), encoding="utf-8") as f: text = f.read()   # a link: LinkRefusedError
     keep, moved, dropped = [], [], 0
     for line in text.splitlines():
         try: rec = json.loads(line)

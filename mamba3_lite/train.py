@@ -252,10 +252,9 @@ def _rank0(self: Pretrainer, fn: Callable):
 # %% ../nbs/11_train.ipynb #73dd147b
 @patch
 def _resume(self: Pretrainer, step: int) -> int:
-    """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
-    it, with a warning, as a digest mismatch does. When any newer step file is on disk (a rewind, a broken step skipped,
-    a save that never committed), the first save moves those steps (and their metrics records) to `abandoned/`: no
-    step file on disk is overwritten."""
+    """Load `step`; on auto-resume a step that does not load falls back to the one before it, with a warning. When any
+    newer step file is on disk (a rewind, a broken step skipped, a save that never committed), the first save moves
+    those steps (and their metrics records) to `abandoned/`: no step file on disk is overwritten."""
     explicit = self.resume_step is not None
     while True:
         try:
