@@ -4,12 +4,17 @@
 
 # %% auto #0
 __all__ = ['naive_write', 'TiedLM', 'check_close', 'check_worst', 'ssd_case', 'ssd_run_with_grads', 'ssd_grads',
-           'assert_grads_close', 'greedy_by_recompute', 'run_captured', 'gpt2_available']
+           'assert_grads_close', 'greedy_by_recompute', 'run_captured', 'run_commands', 'run_in_mounts',
+           'gpt2_available']
 
 # %% ../nbs/13_testing.ipynb #675bec7a
 import contextlib
 import io
 import math
+import shlex
+import shutil
+import subprocess
+import traceback
 
 import torch
 
@@ -101,6 +106,38 @@ def run_captured(fn, argv):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = fn(argv)
     return rc, out.getvalue(), err.getvalue()
+
+# %% ../nbs/13_testing.ipynb #a93c0bcc
+def run_commands(argvs) -> list:
+    """`[exit code, stdout, stderr]` of each `mamba3-lite` command line in `argvs` (lists of arguments), run in turn in
+    this process; an exception that escapes a command gives exit code None and its traceback as the stderr."""
+    from mamba3_lite.cli import main
+    out = []
+    for argv in argvs:
+        try: out.append(list(run_captured(main, argv)))
+        except BaseException: out.append([None, "", traceback.format_exc()])
+    return out
+
+# %% ../nbs/13_testing.ipynb #148326e6
+_NAMESPACE = ["unshare", "--user", "--map-root-user", "--mount"]
+
+def run_in_mounts(command, mounts, timeout: float = 600, **kwargs):
+    """`subprocess.run(command)` (text output captured; `kwargs` such as `cwd`, `env`, `preexec_fn` passed on) in a
+    private mount namespace where each of `mounts` was made first: `(dir, "ro")` binds `dir` read-only onto itself,
+    `(dir, "tmpfs", size, free)` mounts a fresh tmpfs of `size` (e.g. `"1m"`) on `dir` and fills it with `dir/.filler`
+    until `free` bytes are left. None where no such namespace can be made here."""
+    if shutil.which("unshare") is None or subprocess.run(_NAMESPACE + ["true"], capture_output=True).returncode: return None
+    steps = []
+    for d, kind, *arg in mounts:
+        q = shlex.quote(str(d))
+        if kind == "ro": steps.append(f"mount --bind {q} {q} && mount -o remount,ro,bind {q}")
+        elif kind == "tmpfs":
+            size, free = arg
+            steps.append(f"mount -t tmpfs -o size={size} none {q} && "
+                         f"head -c $(( $(stat -f -c '%a*%S' {q}) - {free} )) /dev/zero > {q}/.filler")
+        else: raise ValueError(f"mount kind {kind!r}: expected 'ro' or 'tmpfs'")
+    script = " && ".join(steps + ["exec " + shlex.join(map(str, command))])
+    return subprocess.run(_NAMESPACE + ["sh", "-c", script], capture_output=True, text=True, timeout=timeout, **kwargs)
 
 # %% ../nbs/13_testing.ipynb #7c4674bd
 def gpt2_available() -> bool:
