@@ -22,7 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .ssd import SSDState, const, document_starts, rotate_pairs, ssd_chunked, trapezoid_coefs, wrap_angle
+from .ssd import SSDState, document_starts, rotate_pairs, wrap_angle
+from .ssd_fast import const, ssd_chunked, trapezoid_coefs
 
 # %% ../nbs/02_block.ipynb #90896b6c
 def fp32(t: torch.Tensor) -> torch.Tensor:
