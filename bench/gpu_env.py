@@ -157,9 +157,11 @@ def missing_module(needed):
 
 
 def missing_line(module, who, name, error):
-    via = "" if name == module else f", which {module} imports"
-    return (f"gpu_env.py: missing module '{name}' (needed by {who}{via}): {error}; the GPU image lacks it: carry it as "
-            f"a wheel in bench/peers/ (bench/fetch_peers.sh) or install it")
+    "The one line that names a missing module and who needs it."
+    own = name == module or module.startswith(name + ".")          # the module itself, or the package it is in
+    via = f"imported by {who}" if own else f"which {module} imports, imported by {who}"
+    return (f"gpu_env.py: missing module '{name}' ({via}): {error}; carry it as a wheel in bench/peers/ "
+            f"(bench/fetch_peers.sh) or install it")
 
 
 # ---------------------------------------------------------------- 2. the GPU's datasheet row

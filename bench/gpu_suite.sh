@@ -39,7 +39,7 @@
 # Environment: OUT, PYTHON (default .venv/bin/python, else python3), PEERS_DIR (default bench/peers),
 # SUITE_CAP_<section> (seconds: replaces that section's cap, e.g. for a longer rerun of one section).
 # The last line of stdout and of summary.md names the sections that did not pass (FAILED, cut, skipped for the
-# budget or after a failed env) as the --section list of a rerun, with the budget their caps add up to.
+# budget or after a failed env or kernel_check) as the --section list of a rerun, with the budget their caps add up to.
 # Exit status: 0 if every section that ran passed, 1 otherwise, 2 on a usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -285,8 +285,9 @@ section_gpu_cells() {
 
 for s in "${ORDER[@]}"; do run_section "$s"; done
 echo "total: $(( $(date +%s) - START ))s of a ${BUDGET}s budget" | tee -a "$WORK/total.txt"
-# the sections to run again: FAILED, cut, or skipped for the budget or a failed env (not "GPU only" / after a failed gate)
-RERUN=$(awk -F'\t' '$1 != "env" && ($2 == "FAILED" || $2 == "cut" || ($2 == "skipped" && $6 ~ /^(budget|env)/)) { print $1 }' \
+# the sections to run again: FAILED, cut, or skipped for the budget, a failed env or a failed kernel_check (which the
+# rerun runs first); not those skipped as "GPU only"
+RERUN=$(awk -F'\t' '$1 != "env" && ($2 == "FAILED" || $2 == "cut" || ($2 == "skipped" && $6 ~ /^(budget|env|kernel_check)/)) { print $1 }' \
         "$WORK/status.tsv" | paste -sd, -)
 if [[ -n "$RERUN" ]]; then
   need=$GRACE; IFS=, read -ra again <<< "$RERUN"

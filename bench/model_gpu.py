@@ -43,13 +43,13 @@ from gpu_env import datasheet
 from model_memory import fits, training_memory
 
 
-def peak_tflops(device: torch.device, given):
-    """Dense bf16 peak of the device (TFLOP/s): --peak-tflops, else the GPU's datasheet row (bench/gpu_model.py);
-    None (no MFU) for a GPU the table does not hold, or a CPU without --peak-tflops."""
+def peak_tflops(device_name, given):
+    """Dense bf16 peak (TFLOP/s) of the GPU called `device_name` (None: a CPU): --peak-tflops, else the GPU's datasheet
+    row (bench/gpu_model.py); None (no MFU, one line says why) for a GPU the table does not hold, or a CPU."""
     if given is not None:
         return given
-    if device.type == "cuda":
-        _, row = datasheet(torch.cuda.get_device_name(device), say=lambda line: print(f"model_gpu.py: {line}"))
+    if device_name is not None:
+        _, row = datasheet(device_name, say=lambda line: print(f"model_gpu.py: {line}"))
         return None if row is None else row["tensor"] / 1e12
     print("model_gpu.py: no --peak-tflops on a CPU: no MFU reported")
     return None
@@ -122,7 +122,7 @@ def main(argv=None):
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available (use --device cpu for a smoke run)")
-    peak = peak_tflops(device, a.peak_tflops)
+    peak = peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else None, a.peak_tflops)
     torch.manual_seed(0)
     overrides = dict(grad_checkpoint=a.grad_checkpoint, ssd_dispatch=a.ssd_dispatch)
     if a.chunk_size is not None:

@@ -3,11 +3,12 @@
 One forward of the model on fake tensors (`FakeTensorMode`: shapes and dtypes, no storage), under bf16 autocast, with
 the training loss (`lm_loss`: the chunked loss, no logits kept) and the Triton SSD's launches stubbed out (its output
 and saved tensors are allocated as on a GPU, nothing is computed), counts every tensor autograd saves for the backward
-(`saved_tensors_hooks`), each storage once, parameters left out, attributed to the layer that saved it:
+(`saved_tensors_hooks`), each storage once, parameters left out:
 
     saved, no checkpointing   = every saved tensor
-    saved, checkpointing      = each layer's input (what a checkpoint keeps) + what lies outside the layers
-                                + the largest layer's own saved tensors (its recompute in the backward)
+    saved, checkpointing      = every saved tensor of the checkpointed forward (each layer's input, which its
+                                checkpoint keeps, and what lies outside the layers) + one layer's own saved tensors
+                                without checkpointing, its input left out (its recompute in the backward)
     weights, gradients, AdamW = params x (4 + 4 [+ 8 with the optimizer]) bytes, fp32
     floor                     = weights, gradients, AdamW + saved
 
@@ -65,51 +66,46 @@ def own_constants():
 
 
 def saved_bytes(cfg, batch, seq_len, dtype=torch.bfloat16):
-    """Bytes autograd saves in one training forward of `cfg` (grad_checkpoint off) at batch x seq_len:
-    dict(layers=[bytes saved inside each layer], inputs=[bytes of each layer's input], outside=bytes, params=count)."""
-    import dataclasses
+    """Bytes autograd saves for the backward in one training forward of `cfg` at batch x seq_len (each storage once,
+    parameters left out): dict(total=all of them, as configured (with gradient checkpointing: what the checkpoints
+    keep and what lies outside the layers), layer=one layer's own saved tensors without checkpointing, its input
+    left out (what its recompute adds in the backward), params=count)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from mamba3_lite.data import Batch
     from mamba3_lite.evaluate import lm_loss
     from mamba3_lite.model import Mamba3Transformer
 
-    cfg = dataclasses.replace(cfg, grad_checkpoint=False)
     triton = cfg.ssd_dispatch == "triton"
+    amp = (lambda: torch.autocast("cpu", dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
     with (stubbed_triton_ssd() if triton else contextlib.nullcontext()), own_constants(), FakeTensorMode():
         model = Mamba3Transformer(cfg).train()
-        params = {p.untyped_storage()._cdata for p in model.parameters()}
-        owner, seen, inputs = [None], {}, []
-        for i, layer in enumerate(model.layers):
-            def enter(mod, args, i=i):
-                owner[0] = i
-                inputs.append(args[0].untyped_storage().nbytes())
-            layer.register_forward_pre_hook(enter)
-            layer.register_forward_hook(lambda mod, args, out: owner.__setitem__(0, None))
+        skip = {p.untyped_storage()._cdata for p in model.parameters()}
+        seen = {}
 
         def pack(t):
             s = t.untyped_storage()
-            if s._cdata not in params:
-                seen.setdefault(s._cdata, (owner[0], s.nbytes()))
+            if s._cdata not in skip:
+                seen.setdefault(s._cdata, s.nbytes())
             return t
 
         ids = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1))
-        amp = torch.autocast("cpu", dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp():
             lm_loss(model, Batch(ids[:, :-1], ids[:, 1:]))
+        total, seen = sum(seen.values()), {}
+        x = torch.randn(batch, seq_len, cfg.d_model, requires_grad=True)   # the fp32 residual stream
+        skip.add(x.untyped_storage()._cdata)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp():
+            model.layers[0]._forward_impl(x)
         n_params = model.num_parameters()
-    layers = [sum(b for o, b in seen.values() if o == i) for i in range(cfg.n_layers)]
-    return dict(layers=layers, inputs=inputs, outside=sum(b for o, b in seen.values() if o is None), params=n_params)
+    return dict(total=total, layer=sum(seen.values()), params=n_params)
 
 
 def training_memory(cfg, batch, seq_len, optimizer=True, dtype=torch.bfloat16):
     """The floor of a training step's GPU memory (module docstring) in bytes, by part: dict(saved, states, floor,
-    grad_checkpoint, count_s)."""
+    grad_checkpoint, params, count_s)."""
     t0 = time.perf_counter()
     s = saved_bytes(cfg, batch, seq_len, dtype)
-    if cfg.grad_checkpoint:
-        saved = s["outside"] + sum(s["inputs"]) + max(s["layers"])
-    else:
-        saved = s["outside"] + sum(s["layers"])
+    saved = s["total"] + (s["layer"] if cfg.grad_checkpoint else 0)
     states = s["params"] * (16 if optimizer else 8)
     return dict(saved=saved, states=states, floor=saved + states, grad_checkpoint=cfg.grad_checkpoint,
                 params=s["params"], count_s=time.perf_counter() - t0)

@@ -83,6 +83,21 @@ def roofline_us(b, T, H, P, N, S, peak_tflops, peak_tbps):
     return bound(f_fwd, by_fwd), bound(f_fwd + f_bwd, by_all)
 
 
+def roofline_peaks(device_name, tflops=None, tbps=None):
+    """(GPUS key, peak TFLOP/s, TB/s, where they come from) for the roofline: the values given, else the datasheet row
+    of the GPU called `device_name` (None on CPU) in bench/gpu_model.py's GPUS; a GPU the table does not hold (one
+    line says so) and the CPU get no peaks, so no roofline, rather than another card's."""
+    if tflops is not None and tbps is not None:
+        return None, tflops, tbps, "given"
+    if device_name is None:
+        return None, None, None, "a CPU has no datasheet row"
+    gpu, row = datasheet(device_name, say=lambda line: print(f"ssd_kernel.py: {line}"))
+    if row is None:
+        return None, None, None, f"{device_name!r} is not in bench/gpu_model.py's GPUS"
+    return (gpu, tflops if tflops is not None else row["tensor"] / 1e12,
+            tbps if tbps is not None else row["bandwidth"] / 1e12, "datasheet")
+
+
 # ---------------------------------------------------------------- timing
 class Timer:
     "Median time of fn() in ms: CUDA events with an L2 flush before each rep on GPU, perf_counter on CPU."
@@ -461,14 +476,15 @@ def markdown(meta, gate_rows, results):
                 "| fwd+bwd GB/s | fwd+bwd % roofline | peak MiB fwd / fwd+bwd | ratio fwd | ratio fwd+bwd |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         f = lambda v, fmt: "—" if v is None else format(v, fmt)
+        pct = lambda v: "—" if v is None else f"{v:.0f}%"
         for shape in results:
             for r in shape["rows"]:
                 if "error" in r:
                     out.append(f"| {r['shape']} | {r['candidate']} | not run: {r['error'][:100]} |||||||||||")
                     continue
                 out.append(f"| {r['shape']} | {r['candidate']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.1f} | "
-                           f"{r['fwd_gbps']:.0f} | {f(r['fwd_pct_roofline'], '.0f')}% | {r['fwdbwd_ms']:.3f} | "
-                           f"{r['fwdbwd_tflops']:.1f} | {r['fwdbwd_gbps']:.0f} | {f(r['fwdbwd_pct_roofline'], '.0f')}% | "
+                           f"{r['fwd_gbps']:.0f} | {pct(r['fwd_pct_roofline'])} | {r['fwdbwd_ms']:.3f} | "
+                           f"{r['fwdbwd_tflops']:.1f} | {r['fwdbwd_gbps']:.0f} | {pct(r['fwdbwd_pct_roofline'])} | "
                            f"{f(r['fwd_peak_mb'], '.0f')} / {f(r['fwdbwd_peak_mb'], '.0f')} | "
                            f"{f(r.get('fwd_ratio_vs_ours'), '.2f')} | {f(r.get('fwdbwd_ratio_vs_ours'), '.2f')} |")
         roof = (f"Roofline ({meta['gpu'] or meta['device']}): max(FLOPs / {meta['peak_tflops']:g} TFLOP/s, bytes / {meta['peak_tbps']:g} "
@@ -559,18 +575,8 @@ def main(argv=None):
 
     import triton
     dev_name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
-    gpu, peaks_from = None, "given"
-    if a.peak_tflops is None or a.peak_tbps is None:
-        if device.type == "cuda":
-            gpu, row = datasheet(dev_name, say=lambda line: print(f"ssd_kernel.py: {line}"))
-            peaks_from = "datasheet" if row else f"{dev_name!r} is not in bench/gpu_model.py's GPUS"
-        else:
-            row, peaks_from = None, "a CPU has no datasheet row"
-        if row:
-            a.peak_tflops = a.peak_tflops if a.peak_tflops is not None else row["tensor"] / 1e12
-            a.peak_tbps = a.peak_tbps if a.peak_tbps is not None else row["bandwidth"] / 1e12
-        else:
-            a.peak_tflops = a.peak_tbps = None
+    gpu, a.peak_tflops, a.peak_tbps, peaks_from = roofline_peaks(dev_name if device.type == "cuda" else None,
+                                                                  a.peak_tflops, a.peak_tbps)
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), device=dev_name,
                 torch=torch.__version__, triton=triton.__version__, dtype=str(dtype).replace("torch.", ""),
                 mode="cpu" if a.cpu else "smoke" if a.smoke else "full", part=a.part, reps=a.reps, warmup=a.warmup,
