@@ -10,7 +10,7 @@
 # always runs). --smoke: fewer timing reps (with --cpu: tiny shapes through the Triton interpreter, no compile).
 #
 # Sections, in the order they run (caps in seconds, GPU / --cpu):
-#   env           30 /   60  every module the suite needs imports (else exit 4 naming it: the suite stops there),
+#   env           40 /   60  every module the suite needs imports (else exit 4 naming it: the suite stops there),
 #                            versions, device and its datasheet row, peers, measured copy bandwidth and bf16 matmul rate
 #   kernel_check  90 /  300  ssd_triton vs ssd_chunked at the 434M layer shape, fp32 and bf16, values + gradients, on
 #                            the training path (shared B/C + per-head biases) with and without restarts, and per head
@@ -48,7 +48,7 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 die_usage() { echo "gpu_suite.sh: $*" >&2; exit 2; }
 ORDER=(env kernel_check train_step kernel_bench model e2e_smoke doc_reset kernel_sweep gpu_cells)
 ONLY_ON_REQUEST=(kernel_sweep gpu_cells)
-declare -A CAP_GPU=([env]=30 [kernel_check]=90 [train_step]=150 [kernel_bench]=80 [model]=70 [e2e_smoke]=150 [doc_reset]=40
+declare -A CAP_GPU=([env]=40 [kernel_check]=90 [train_step]=150 [kernel_bench]=80 [model]=70 [e2e_smoke]=150 [doc_reset]=40
                     [kernel_sweep]=240 [gpu_cells]=120)
 declare -A CAP_CPU=([env]=60 [kernel_check]=300 [train_step]=300 [kernel_bench]=400 [model]=300 [e2e_smoke]=900 [doc_reset]=300
                     [kernel_sweep]=0 [gpu_cells]=0)

@@ -51,8 +51,8 @@ def test_usage_errors(tmp_path, args, env, says):
 
 
 def test_budget_skips_what_does_not_fit(tmp_path):
-    "60 s budget: env runs, e2e_smoke (needs >= 60 s) is skipped for the budget; three files, exit 0."
-    r, out = suite(tmp_path, "--smoke", "--cpu", "--budget", "60", "--section", "e2e_smoke")
+    "75 s budget: env runs (its cap: 75 - 15 s), e2e_smoke (needs >= 60 s) is skipped for the budget; three files, exit 0."
+    r, out = suite(tmp_path, "--smoke", "--cpu", "--budget", "75", "--section", "e2e_smoke")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "results.json", "summary.md"]
     sections = json.loads((out / "results.json").read_text())["sections"]
