@@ -416,11 +416,11 @@ def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState, reset=None):
 
 # %% ../nbs/02_block.ipynb #96d787da
 def zero_ssd_state(batch_size, n_heads, headdim, d_state, n_angles, rank=None, device=None, dtype=torch.float32) -> SSDState:
-    "An empty cache for one layer: rank=None for SISO, R for MIMO; h, k, v in `dtype`, the angle in fp32."
+    "An empty cache for one layer: rank=None for SISO, R for MIMO; h, k, v in `dtype`, the angle in fp32 (fp64 with an fp64 cache)."
     R = () if rank is None else (rank,)
     z = lambda *s, dtype=dtype: torch.zeros(*s, device=device, dtype=dtype)
-    return SSDState(z(batch_size, n_heads, n_angles, dtype=torch.float32), z(batch_size, n_heads, headdim, d_state),
-                    z(batch_size, n_heads, *R, d_state), z(batch_size, n_heads, *R, headdim))
+    return SSDState(z(batch_size, n_heads, n_angles, dtype=torch.promote_types(dtype, torch.float32)),
+                    z(batch_size, n_heads, headdim, d_state), z(batch_size, n_heads, *R, d_state), z(batch_size, n_heads, *R, headdim))
 
 
 # %% ../nbs/02_block.ipynb #c3f08b29
@@ -498,9 +498,15 @@ def _make_step_constants(self: Mamba3Block) -> _StepConstants:
 # %% ../nbs/02_block.ipynb #53c6b6b5
 @patch
 def allocate_state(self: Mamba3Block, batch_size: int, device=None) -> SSDState:
-    "Empty decode cache for this block (h, k, v in `state_dtype`; size independent of the context)."
+    "Empty decode cache for this block (h, k, v in `state_dtype`, fp64 for an fp64 block; size independent of the context)."
     return zero_ssd_state(batch_size, self.n_heads, self.headdim, self.d_state, self.n_angles,
-                          self.rank if self.is_mimo else None, device, STATE_DTYPES[self.state_dtype])
+                          self.rank if self.is_mimo else None, device, self.cache_dtype)
+
+
+@patch(as_prop=True)
+def cache_dtype(self: Mamba3Block) -> torch.dtype:
+    "The dtype of the decode cache's h, k, v: `state_dtype`'s, or fp64 when the block's parameters are (checks stay fp64)."
+    return torch.float64 if self.D.dtype == torch.float64 else STATE_DTYPES[self.state_dtype]
 
 
 @patch
