@@ -422,7 +422,7 @@ class StaticDecoder:
             self.finished |= nxt == self.eos_id
         self.out.index_copy_(1, self.count, nxt[:, None])
         self.count += 1
-        self.prev.copy_(self.token)
+        if self.reset_after is not None: self.prev.copy_(self.token)   # (only a reset reads it)
         self.token.copy_(nxt)
 
     def _step(self):
@@ -521,22 +521,21 @@ def generate(self: Mamba3Transformer, input_ids: Union[torch.Tensor, Sequence], 
     clear_step_constants(self)                # the step's constants: made once for this call, from the current weights
     try:
         dec = StaticDecoder(self, b, max_new_tokens, *sampling, eos_id, reset_after, generator, cuda_graph)
+        stopped, new = {}, [[] for _ in range(b)]
+        poll = 1 if dec.graph is None or stop is not None else 8   # host reads (each waits for the GPU): every step, or every 8
         with torch.inference_mode():          # no autograd bookkeeping per op (the decoder's buffers are ordinary tensors)
             logits, cache = self.prefill(ids, seq_idx=docs, prefill_chunk=prefill_chunk)
             dec.start(cache, ids[:, -1], logits)
             del logits, cache
-        stopped, new = {}, [[] for _ in range(b)]
-        poll = 1 if dec.graph is None or stop is not None else 8   # host reads (each waits for the GPU): every step, or every 8
-        for i in range(1, max_new_tokens):
-            if stop is not None:
-                for r, tok in enumerate(dec.out[:, i - 1].tolist()):
-                    new[r].append(tok)
-                    if r not in stopped and stop(new[r]):
-                        stopped[r] = i - 1
-                        dec.finished[r] = True
-            if (eos_id is not None or stop is not None) and i % poll == 0 and bool(dec.finished.all()):
-                break
-            with torch.inference_mode():
+            for i in range(1, max_new_tokens):
+                if stop is not None:
+                    for r, tok in enumerate(dec.out[:, i - 1].tolist()):
+                        new[r].append(tok)
+                        if r not in stopped and stop(new[r]):
+                            stopped[r] = i - 1
+                            dec.finished[r] = True
+                if (eos_id is not None or stop is not None) and i % poll == 0 and bool(dec.finished.all()):
+                    break
                 dec.advance()
         n = int(dec.count)
         out = dec.out[:, :n]
