@@ -8,7 +8,7 @@
 2. kernel: ms per layer step at Table 6's shape, batch 1 and 128, d_state 128 and 64, bf16 in_proj rows: ours with an
    fp32 and with a bf16 cache, and the official `mamba3_siso_step` (https://github.com/state-spaces/mamba,
    mamba_ssm/ops/triton/mamba3/mamba3_siso_step.py, imported as bench/official.py does: the wheel in bench/peers or
-   $MAMBA3_LITE_OFFICIAL_SRC; its fp32 state in and out, its inputs as bench/decode_traffic.py gives them). Each is timed
+   $MAMBA3_LITE_OFFICIAL_SRC; its fp32 state in and out, `official_step_inputs`). Each is timed
    as a loop of launches (graphs off) and as the same launches captured in one CUDA graph and replayed (graphs on),
    in interleaved rounds on the same card, medians; the official kernel's autotune list cut to --peer-configs.
 3. generate: the 434M preset (bf16 weights, random), 64-token prompts, greedy, the fused step: decode ms per token and
@@ -119,15 +119,22 @@ def ours(b, H, N, cache, dev):
     return lambda: decode_step(blk, proj, c, state)
 
 
-def official(step, b, H, N, dev):
-    "A call of the official `mamba3_siso_step` at (b, H, P, N): bench/decode_traffic.py's inputs, its state fp32."
-    g = torch.Generator().manual_seed(0)
-    rn = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(device=dev, dtype=dtype)
+def official_step_inputs(b, H, N, device="cpu", seed=0):
+    """The official `mamba3_siso_step`'s arguments at (b, H, P, N), S = N/4, as it takes them: Q, K one group (b, 1, N)
+    bf16, V and Z (b, H, P) bf16, ADT and DT (b, H) fp32, the trapezoid logit (b, H) bf16, angles (b, H, S) fp32,
+    biases and D fp32; its input state fp32 (what it writes) with the v state bf16 (it returns V as the next one)."""
+    g = torch.Generator().manual_seed(seed)
+    rn = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(device=device, dtype=dtype)
     S = N // 4
-    kw = dict(Q=rn(b, 1, N, dtype=torch.bfloat16), K=rn(b, 1, N, dtype=torch.bfloat16), V=rn(b, H, P, dtype=torch.bfloat16),
-              ADT=-rn(b, H).abs(), DT=rn(b, H).abs() * 0.1, Trap=rn(b, H, dtype=torch.bfloat16), Q_bias=rn(H, N),
-              K_bias=rn(H, N), Angles=rn(b, H, S), D=rn(H), Z=rn(b, H, P, dtype=torch.bfloat16),
-              Input_States=(rn(b, H, S), rn(b, H, P, N), rn(b, H, N), rn(b, H, P, dtype=torch.bfloat16)))
+    return dict(Q=rn(b, 1, N, dtype=torch.bfloat16), K=rn(b, 1, N, dtype=torch.bfloat16), V=rn(b, H, P, dtype=torch.bfloat16),
+                ADT=-rn(b, H).abs(), DT=rn(b, H).abs() * 0.1, Trap=rn(b, H, dtype=torch.bfloat16), Q_bias=rn(H, N),
+                K_bias=rn(H, N), Angles=rn(b, H, S), D=rn(H), Z=rn(b, H, P, dtype=torch.bfloat16),
+                Input_States=(rn(b, H, S), rn(b, H, P, N), rn(b, H, N), rn(b, H, P, dtype=torch.bfloat16)))
+
+
+def official(step, b, H, N, dev):
+    "A call of the official `mamba3_siso_step` at (b, H, P, N) on `official_step_inputs`."
+    kw = official_step_inputs(b, H, N, dev)
     return lambda: step(**kw)
 
 

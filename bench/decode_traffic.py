@@ -14,10 +14,8 @@ after another as its serial steps, and (1 + 6R)·N·P FLOPs per row and head (th
 
 `--official` also counts the official `mamba3_siso_step` (https://github.com/state-spaces/mamba,
 `mamba_ssm/ops/triton/mamba3/mamba3_siso_step.py`, from the mamba-ssm 2.3.2.post1 source: `PYTHONPATH=$(python
-bench/official_source.py DEST)`) at the same shape, with bench/ssd_traffic.py's interpreter stand-ins and its inputs
-as that function takes them: Q, K one group (b, 1, N) bf16, V and Z (b, H, P) bf16, ADT and DT (b, H) fp32, the trapezoid
-logit (b, H) bf16, angles (b, H, S) fp32, biases and D fp32; its state fp32 in and fp32 out (it writes the state to new
-tensors), its v state bf16 (it returns V as the next v state).
+bench/official_source.py DEST)`) at the same shape, with bench/ssd_traffic.py's interpreter stand-ins, on bench/decode_gpu.py's `official_step_inputs`
+(its state fp32 in and fp32 out: it writes the state to new tensors).
 
     python bench/decode_traffic.py                     # N 128 and 64, fp32 and bf16 caches
     PYTHONPATH=$(python bench/official_source.py /tmp/official) python bench/decode_traffic.py --official --json PATH
@@ -32,6 +30,7 @@ import ssd_traffic   # noqa: F401  (sets TRITON_INTERPRET=1 before any kernel mo
 from ssd_traffic import Traffic, evaluate, interp, multilinear_fit, official_siso
 from gpu_model import GPUS, bound, modelled_us
 from official import official_attr
+from decode_gpu import official_step_inputs
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -82,13 +81,7 @@ def count_official(b, H, N):
     kernel = sys.modules["mamba_ssm.ops.triton.mamba3.mamba3_siso_step"].mamba3_siso_step_kernel
     kernel.configs = kernel.configs[:1]                        # the interpreter cannot benchmark
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8))
-    g = torch.Generator().manual_seed(0)
-    rn = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)
-    S = N // 4
-    kw = dict(Q=rn(b, 1, N, dtype=torch.bfloat16), K=rn(b, 1, N, dtype=torch.bfloat16), V=rn(b, H, P, dtype=torch.bfloat16),
-              ADT=-rn(b, H).abs(), DT=rn(b, H).abs() * 0.1, Trap=rn(b, H, dtype=torch.bfloat16), Q_bias=rn(H, N),
-              K_bias=rn(H, N), Angles=rn(b, H, S), D=rn(H), Z=rn(b, H, P, dtype=torch.bfloat16),
-              Input_States=(rn(b, H, S), rn(b, H, P, N), rn(b, H, N), rn(b, H, P, dtype=torch.bfloat16)))
+    kw = official_step_inputs(b, H, N)
     return counted(Traffic(), lambda: step(**kw))
 
 
