@@ -90,6 +90,7 @@ def require(ok: bool, field: str, msg: str):
         raise ValueError(f"{field}: {msg}")
 
 
+# %% ../nbs/02_block.ipynb #c2d0b001
 @dataclass
 class MixerConfig:
     "The hyper-parameters of one Mamba-3 mixer (defaults: the 434M model's); checked once, when made."
@@ -504,6 +505,12 @@ def allocate_state(self: Mamba3Block, batch_size: int, device=None) -> SSDState:
 
 
 @patch(as_prop=True)
+def fixed_lam(self: Mamba3Block) -> Optional[float]:
+    "λ of the `discretization` switch (½, 1), or None where it is learned."
+    return DISCRETIZATIONS[self.discretization]
+
+
+@patch(as_prop=True)
 def cache_dtype(self: Mamba3Block) -> torch.dtype:
     "The dtype of the decode cache's h, k, v: `state_dtype`'s, or fp64 when the block's parameters are (checks stay fp64)."
     return torch.float64 if self.D.dtype == torch.float64 else STATE_DTYPES[self.state_dtype]
@@ -528,6 +535,7 @@ def _fused_step(self: Mamba3Block, u: torch.Tensor):
     return None
 
 
+# %% ../nbs/02_block.ipynb #c2d0b002
 @patch
 def step(self: Mamba3Block, u: torch.Tensor, state: SSDState, reset: Optional[torch.Tensor] = None):
     """One decode step: u (b,d), state -> (out (b,d), new SSDState). O(1) in the context length. reset (b,) bool: rows

@@ -13,9 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .block import DISCRETIZATIONS, STATE_DTYPES
 from .ssd import SSDState
-from .ssd_triton import _carry_f32, _tanh64, _wrap_carry
 
 # %% ../nbs/02a_decode.ipynb #d0a1e009
 def floor_bytes(block, b: int, proj_dtype=torch.bfloat16) -> dict:
@@ -23,7 +21,7 @@ def floor_bytes(block, b: int, proj_dtype=torch.bfloat16) -> dict:
     its `state_dtype`) read and written once, in_proj's output rows (`proj_dtype`) and the parameters the step uses
     (fp32, as `_make_step_constants` holds them) read once, the gated output (out_proj's dtype) written once."""
     H, R, P, N, S = block.n_heads, block.rank, block.headdim, block.d_state, block.n_angles
-    e = torch.empty(0, dtype=STATE_DTYPES[block.state_dtype]).element_size()
+    e = torch.empty(0, dtype=block.cache_dtype).element_size()
     params = 4 * (2 * H + 2 * N * block.bc_norm + 2 * H * R * N * block.bc_bias + 3 * H * R * P * block.is_mimo
                   + H * P * (block.out_norm is not None)) + 8 * S * (block.rotation == "fixed")
     return dict(state=2 * b * H * (4 * S + e * (P * N + R * N + R * P)),
@@ -64,7 +62,85 @@ def _key(ptr, live, we, wo, be, bo, c, s, eps, N: tl.constexpr, BC_NORM: tl.cons
         e, o = e + be, o + bo
     return e * c - o * s, o * c + e * s
 
+# %% ../nbs/02a_decode.ipynb #d0a1e033
+@triton.jit
+def _coefs(base, ih, dt_bias, a_floor, lam_fixed, live, H: tl.constexpr, OFF_DT: tl.constexpr, HAS_LAM: tl.constexpr):
+    "Δ of head ih from in_proj's row at base, and the exponential-trapezoidal weights α, β, γ (fp32 scalars)."
+    dt = _softplus64(tl.load(base + OFF_DT + ih, mask=live, other=0.).to(tl.float32) + dt_bias)
+    a = tl.load(base + OFF_DT + H + ih, mask=live, other=0.).to(tl.float32)
+    t = 1. + tl.abs(a)
+    A = -tl.maximum(tl.where(a >= 0., t, 1. / t), a_floor)       # `decay_rate_step`
+    lam = lam_fixed
+    if HAS_LAM:
+        lam = tl.sigmoid(tl.load(base + OFF_DT + 2 * H + ih, mask=live, other=0.).to(tl.float32))
+    alpha = tl.exp(dt * A)
+    return dt, alpha, (1. - lam) * dt * alpha, lam * dt
+
+@triton.jit
+def _advance_angles(ang_ptr, th_ptr, om_ptr, dt, keep, live, S: tl.constexpr, NH: tl.constexpr, ROTATION: tl.constexpr):
+    """Φ <- (Φ + δ) mod 2π for the S angles at ang_ptr (read where `keep`, else 0), δ = Δ tanh θ · π (θ at th_ptr) or
+    the rates ω at om_ptr (fp64), formed in fp64 as the PyTorch step does, rounded to fp32 once and stored; returns
+    cos and sin of the NH pairs' angles (1 and 0 past S)."""
+    c, s = tl.full((NH,), 1., tl.float32), tl.zeros((NH,), tl.float32)
+    if ROTATION > 0:
+        j = tl.arange(0, NH)
+        jm = j < S
+        phi = tl.load(ang_ptr + j, mask=jm & keep, other=0.).to(tl.float64)
+        if ROTATION == 1:
+            th = tl.load(th_ptr + j, mask=jm & live, other=0.).to(tl.float64)
+            e = tl.exp(-2. * tl.abs(th))
+            d = dt.to(tl.float64) * tl.where(th < 0., -1., 1.) * ((1. - e) / (1. + e))   # Δ tanh θ, fp64
+            phi += d * 3.1415927410125732 + d * -8.742277657347586e-08              # π in two fp32 parts
+        else:
+            phi += tl.load(om_ptr + j, mask=jm, other=0.)
+        two_pi = tl.full((NH,), 6.283185307179586, tl.float64)
+        r = phi - tl.floor(phi / two_pi) * two_pi                                    # torch.remainder's formula
+        r = tl.where(r < 0., r + two_pi, tl.where(r >= two_pi, r - two_pi, r)).to(tl.float32)
+        r = tl.where(r >= 6.2831854820251465, 0., r)                # rounded up to fp32's 2π: the same angle as 0
+        tl.store(ang_ptr + j, r, mask=jm & live)
+        c, s = tl.cos(r), tl.sin(r)
+    return c, s
+
 # %% ../nbs/02a_decode.ipynb #d0a1e015
+@triton.jit
+def _write(h, base, k_ptr, v_ptr, wx_ptr, st, ih, ig, x, beta, gamma, keep, live, nbe, nbo, bbe, bbo, c, s, eps,
+           G: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, P: tl.constexpr, N: tl.constexpr, OFF_B: tl.constexpr,
+           BC_NORM: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """h += β Σ_r v_prev,r k_prev,rᵀ + γ Σ_r x_r B̃_rᵀ (h already times α), and the cache's k_r, v_r <- B̃_r, x_r."""
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    for r in tl.static_range(R):
+        ke, ko = _key(base + OFF_B + (r * G + ig) * N, live, nbe, nbo, _rank_row(bbe, r, RP), _rank_row(bbo, r, RP),
+                      c, s, eps, N, BC_NORM, HAS_BIAS)
+        k = _interleave(ke, ko, N)
+        xr = x * tl.load(wx_ptr + (ih * R + r) * P + p) if R > 1 else x
+        kp, vp = k_ptr + (st * R + r) * N + n, v_ptr + (st * R + r) * P + p
+        v_prev = tl.load(vp, mask=keep, other=0.).to(tl.float32)
+        h += (beta * v_prev)[:, None] * tl.load(kp, mask=keep, other=0.).to(tl.float32)[None, :]
+        h += (gamma * xr)[:, None] * k[None, :]
+        tl.store(kp, k.to(k_ptr.dtype.element_ty), mask=live)
+        tl.store(vp, xr.to(v_ptr.dtype.element_ty), mask=live)
+    return h
+
+@triton.jit
+def _read(h, base, wx_ptr, wz_ptr, wo_ptr, onw_ptr, ih, ig, x, z, D, live, nce, nco, cbe, cbo, c, s, eps,
+          G: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, P: tl.constexpr, N: tl.constexpr, OFF_C: tl.constexpr,
+          BC_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_NORM: tl.constexpr):
+    "Σ_r W_o[r] ⊙ (y_r = h C̃_r + D x_r, [RMS-normed over P]) ⊙ silu(z ⊙ W_z[r]) (SISO: y silu(z)), (P,) fp32."
+    p = tl.arange(0, P)
+    out = tl.zeros((P,), tl.float32)
+    for r in tl.static_range(R):
+        qe, qo = _key(base + OFF_C + (r * G + ig) * N, live, nce, nco, _rank_row(cbe, r, RP), _rank_row(cbo, r, RP),
+                      c, s, eps, N, BC_NORM, HAS_BIAS)
+        xr = x * tl.load(wx_ptr + (ih * R + r) * P + p) if R > 1 else x
+        y = tl.sum(h * _interleave(qe, qo, N)[None, :], axis=1) + D * xr
+        if OUT_NORM:
+            y = y * tl.rsqrt(eps + tl.sum(y * y, 0) * (1. / P)) * tl.load(onw_ptr + ih * P + p)
+        zr = z * tl.load(wz_ptr + (ih * R + r) * P + p) if R > 1 else z
+        y = y * (zr * tl.sigmoid(zr))
+        out += tl.load(wo_ptr + (ih * R + r) * P + p) * y if R > 1 else y
+    return out
+
+# %% ../nbs/02a_decode.ipynb #d0a1e034
 @triton.jit
 def _decode_kernel(proj_ptr, dtb_ptr, nw_ptr, bias_ptr, d_ptr, om_ptr, wx_ptr, wz_ptr, wo_ptr, onw_ptr,
                    ang_ptr, h_ptr, k_ptr, v_ptr, rst_ptr, y_ptr, b, s_proj, lam_fixed, a_floor, eps,
@@ -76,12 +152,11 @@ def _decode_kernel(proj_ptr, dtb_ptr, nw_ptr, bias_ptr, d_ptr, om_ptr, wx_ptr, w
     y (b, H·P): the gated output. ROTATION: 0 none, 1 data (Δπ tanh θ), 2 fixed (ω, fp64 at om_ptr)."""
     ih = tl.program_id(0)
     ig = ih // (H // G)                                            # head ih reads B, C of group ig
-    p, n, j, rr = tl.arange(0, P), tl.arange(0, N), tl.arange(0, N // 2), tl.arange(0, RP)
+    p, n, rr = tl.arange(0, P), tl.arange(0, N), tl.arange(0, RP)
     OFF_B: tl.constexpr = 2 * H * P                                # in_proj's row: z, x, B, C, Δ, A, λ, θ
     OFF_C: tl.constexpr = OFF_B + R * G * N
     OFF_DT: tl.constexpr = OFF_C + R * G * N
-    OFF_LAM: tl.constexpr = OFF_DT + 2 * H
-    OFF_TH: tl.constexpr = OFF_LAM + H * HAS_LAM
+    OFF_TH: tl.constexpr = OFF_DT + 2 * H + H * HAS_LAM
     # the head's constants, read once for its BB rows: Δ bias, D, the B/C norm weights and biases (R rows each)
     dt_bias, D = tl.load(dtb_ptr + ih), tl.load(d_ptr + ih)
     none = tl.zeros((N // 2,), tl.float32)
@@ -100,61 +175,18 @@ def _decode_kernel(proj_ptr, dtb_ptr, nw_ptr, bias_ptr, d_ptr, om_ptr, wx_ptr, w
         keep = live                                                # read the state: not where a document starts
         if HAS_RST:
             keep = live & (tl.load(rst_ptr + row, mask=live, other=0) == 0)
-        base = proj_ptr + row * s_proj
-        # 1. Δ, A, λ -> α, β, γ
-        dt = _softplus64(tl.load(base + OFF_DT + ih, mask=live, other=0.).to(tl.float32) + dt_bias)
-        a = tl.load(base + OFF_DT + H + ih, mask=live, other=0.).to(tl.float32)
-        t = 1. + tl.abs(a)
-        A = -tl.maximum(tl.where(a >= 0., t, 1. / t), a_floor)
-        lam = lam_fixed
-        if HAS_LAM:
-            lam = tl.sigmoid(tl.load(base + OFF_LAM + ih, mask=live, other=0.).to(tl.float32))
-        alpha = tl.exp(dt * A)
-        beta = (1. - lam) * dt * alpha
-        gamma = lam * dt
-        # 2. Φ <- (Φ + δ) mod 2π, in fp64, rounded to fp32 once; cos, sin of each pair's angle (0 past S)
-        st = row * H + ih
-        c, s = none + 1., none
-        if ROTATION > 0:
-            jm = j < S
-            phi = tl.load(ang_ptr + st * S + j, mask=jm & keep, other=0.).to(tl.float64)
-            if ROTATION == 1:
-                d = dt.to(tl.float64) * _tanh64(tl.load(base + OFF_TH + j, mask=jm & live, other=0.))
-                phi += d * 3.1415927410125732 + d * -8.742277657347586e-08      # π in two fp32 parts
-            else:
-                phi += tl.load(om_ptr + j, mask=jm, other=0.)
-            phi = _carry_f32(_wrap_carry(phi))
-            tl.store(ang_ptr + st * S + j, phi, mask=jm & live)
-            c, s = tl.cos(phi), tl.sin(phi)
-        # 3. h <- α h + β Σ_r v_prev,r k_prev,rᵀ + γ Σ_r x_r B̃_rᵀ; the cache's k, v <- B̃_r, x_r
+        base, st = proj_ptr + row * s_proj, row * H + ih
+        dt, alpha, beta, gamma = _coefs(base, ih, dt_bias, a_floor, lam_fixed, live, H, OFF_DT, HAS_LAM)
+        c, s = _advance_angles(ang_ptr + st * S, base + OFF_TH, om_ptr, dt, keep, live, S, N // 2, ROTATION)
         x = tl.load(base + H * P + ih * P + p, mask=live, other=0.).to(tl.float32)
         hp = h_ptr + st * P * N + p[:, None] * N + n[None, :]
         h = alpha * tl.load(hp, mask=keep, other=0.).to(tl.float32)
-        for r in tl.static_range(R):
-            ke, ko = _key(base + OFF_B + (r * G + ig) * N, live, nbe, nbo, _rank_row(bbe, r, RP),
-                          _rank_row(bbo, r, RP), c, s, eps, N, BC_NORM, HAS_BIAS)
-            k = _interleave(ke, ko, N)
-            xr = x * tl.load(wx_ptr + (ih * R + r) * P + p) if R > 1 else x
-            kp, vp = k_ptr + (st * R + r) * N + n, v_ptr + (st * R + r) * P + p
-            h += (beta * tl.load(vp, mask=keep, other=0.).to(tl.float32))[:, None] * \
-                tl.load(kp, mask=keep, other=0.).to(tl.float32)[None, :]
-            h += (gamma * xr)[:, None] * k[None, :]
-            tl.store(kp, k.to(k_ptr.dtype.element_ty), mask=live)
-            tl.store(vp, xr.to(v_ptr.dtype.element_ty), mask=live)
+        h = _write(h, base, k_ptr, v_ptr, wx_ptr, st, ih, ig, x, beta, gamma, keep, live, nbe, nbo, bbe, bbo, c, s, eps,
+                   G, R, RP, P, N, OFF_B, BC_NORM, HAS_BIAS)
         tl.store(hp, h.to(h_ptr.dtype.element_ty), mask=live)
-        # 4. y_r = h C̃_r + D x_r, [per-head RMSNorm], gated by silu(z ⊙ W_z[r]), contracted with W_o
         z = tl.load(base + ih * P + p, mask=live, other=0.).to(tl.float32)
-        out = tl.zeros((P,), tl.float32)
-        for r in tl.static_range(R):
-            qe, qo = _key(base + OFF_C + (r * G + ig) * N, live, nce, nco, _rank_row(cbe, r, RP),
-                          _rank_row(cbo, r, RP), c, s, eps, N, BC_NORM, HAS_BIAS)
-            xr = x * tl.load(wx_ptr + (ih * R + r) * P + p) if R > 1 else x
-            yr = tl.sum(h * _interleave(qe, qo, N)[None, :], axis=1) + D * xr
-            if OUT_NORM:
-                yr = yr * tl.rsqrt(eps + tl.sum(yr * yr, 0) * (1. / P)) * tl.load(onw_ptr + ih * P + p)
-            zr = z * tl.load(wz_ptr + (ih * R + r) * P + p) if R > 1 else z
-            yr = yr * (zr * tl.sigmoid(zr))
-            out += tl.load(wo_ptr + (ih * R + r) * P + p) * yr if R > 1 else yr
+        out = _read(h, base, wx_ptr, wz_ptr, wo_ptr, onw_ptr, ih, ig, x, z, D, live, nce, nco, cbe, cbo, c, s, eps,
+                    G, R, RP, P, N, OFF_C, BC_NORM, HAS_BIAS, OUT_NORM)
         tl.store(y_ptr + row * H * P + ih * P + p, out.to(y_ptr.dtype.element_ty), mask=live)
 
 # %% ../nbs/02a_decode.ipynb #d0a1e017
@@ -203,7 +235,7 @@ def decode_step(block, proj: torch.Tensor, c, state: SSDState, reset: Optional[t
     state = SSDState(_own(state.angle, "angle", (b, H, S), (torch.float32,)), _own(state.h, "h", (b, H, P, N), cache),
                      _own(state.k, "k", (b, H, *rk, N), cache), _own(state.v, "v", (b, H, *rk, P), cache))
     y = proj.new_empty(b, H * P, dtype=c.w_out.dtype)
-    lam = DISCRETIZATIONS[block.discretization]
+    lam = block.fixed_lam
     mimo = [w.transpose(1, 2).contiguous() for w in c.mimo] if block.is_mimo else [c.D] * 3   # (H, R, P)
     rst = None if reset is None else reset.contiguous().view(torch.uint8)
     proj = proj if proj.stride(-1) == 1 else proj.contiguous()

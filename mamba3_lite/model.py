@@ -331,6 +331,7 @@ def pieces(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[t
         yield s, h, states
 
 
+# %% ../nbs/03_model.ipynb #c2d0a011
 @patch
 @torch.no_grad()
 def prefill(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[torch.Tensor] = None,
@@ -444,21 +445,44 @@ class StaticDecoder:
         if self.graph is None: self._step()
         else: self.graph.replay()
 
-    def _capture(self) -> "torch.cuda.CUDAGraph":
-        """`_step` captured into a CUDA graph, after one warm-up run on a side stream (the kernels compile, the step's
-        constants are made); the generator's state is put back as the warm-up found it."""
-        rng = None if self.generator is None else self.generator.get_state()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if self.generator is not None: graph.register_generator_state(self.generator)
-        with torch.cuda.graph(graph):
-            self._step()
-        if rng is not None: self.generator.set_state(rng)
-        return graph
+
+# %% ../nbs/03_model.ipynb #c2d0a012
+@patch
+def decode(self: StaticDecoder, steps: int, stop: Optional[Callable] = None) -> dict:
+    """Up to `steps` more tokens after `start`, until every row has finished (at eos_id, or where `stop(its new ids)`
+    first says True): {row: the column where `stop` did}. The host reads `finished` every step, or every 8 replays of a
+    graph (each read waits for the GPU; the caller cuts the columns past the end)."""
+    stopped, new = {}, [[] for _ in range(self.out.shape[0])]
+    poll = 1 if self.graph is None or stop is not None else 8
+    for i in range(1, steps + 1):
+        if stop is not None:
+            for r, tok in enumerate(self.out[:, i - 1].tolist()):
+                new[r].append(tok)
+                if r not in stopped and stop(new[r]):
+                    stopped[r] = i - 1
+                    self.finished[r] = True
+        if (self.eos_id is not None or stop is not None) and i % poll == 0 and bool(self.finished.all()):
+            break
+        self.advance()
+    return stopped
+
+
+@patch
+def _capture(self: StaticDecoder) -> "torch.cuda.CUDAGraph":
+    """`_step` captured into a CUDA graph, after one warm-up run on a side stream (the kernels compile, the step's
+    constants are made); the generator's state is put back as the warm-up found it."""
+    rng = None if self.generator is None else self.generator.get_state()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        self._step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    if self.generator is not None: graph.register_generator_state(self.generator)
+    with torch.cuda.graph(graph):
+        self._step()
+    if rng is not None: self.generator.set_state(rng)
+    return graph
 
 
 # %% ../nbs/03_model.ipynb #9f2d6b40
@@ -482,6 +506,7 @@ def _finished_at(new: torch.Tensor, eos_id: Optional[int], stopped: dict) -> lis
     return out
 
 
+# %% ../nbs/03_model.ipynb #c2d0a013
 @patch
 @torch.no_grad()
 def generate(self: Mamba3Transformer, input_ids: Union[torch.Tensor, Sequence], max_new_tokens: int,
@@ -521,22 +546,11 @@ def generate(self: Mamba3Transformer, input_ids: Union[torch.Tensor, Sequence], 
     clear_step_constants(self)                # the step's constants: made once for this call, from the current weights
     try:
         dec = StaticDecoder(self, b, max_new_tokens, *sampling, eos_id, reset_after, generator, cuda_graph)
-        stopped, new = {}, [[] for _ in range(b)]
-        poll = 1 if dec.graph is None or stop is not None else 8   # host reads (each waits for the GPU): every step, or every 8
         with torch.inference_mode():          # no autograd bookkeeping per op (the decoder's buffers are ordinary tensors)
             logits, cache = self.prefill(ids, seq_idx=docs, prefill_chunk=prefill_chunk)
             dec.start(cache, ids[:, -1], logits)
             del logits, cache
-            for i in range(1, max_new_tokens):
-                if stop is not None:
-                    for r, tok in enumerate(dec.out[:, i - 1].tolist()):
-                        new[r].append(tok)
-                        if r not in stopped and stop(new[r]):
-                            stopped[r] = i - 1
-                            dec.finished[r] = True
-                if (eos_id is not None or stop is not None) and i % poll == 0 and bool(dec.finished.all()):
-                    break
-                dec.advance()
+            stopped = dec.decode(max_new_tokens - 1, stop)
         n = int(dec.count)
         out = dec.out[:, :n]
         ends = _finished_at(out, eos_id, stopped)

@@ -1,6 +1,7 @@
 """The fused decode step on the GPU's terms without a GPU (compiled by ptxas for sm_80/sm_90, its bytes against the
 floor at the Mamba-3 paper's decode shape, modelled time), and generation around it: prompts of different lengths
 in one call, prefill in pieces, the CLI and lm-eval flags, the GPU suite's decode section on the CPU."""
+import contextlib
 import importlib.util
 import json
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from mamba3_lite.config import TrainingConfig
-from mamba3_lite.model import Mamba3Transformer, ModelConfig
+from mamba3_lite.model import Mamba3Transformer, ModelConfig, StaticDecoder
 from mamba3_lite.ssd import nmax
 from mamba3_lite.testing import gpt2_available, run_captured
 
@@ -55,6 +56,52 @@ def test_bytes_at_table6_are_the_floor_and_the_modelled_time_beats_the_paper(N, 
     assert miss == 0 and nbytes <= floor_ratio * floor and bound == "memory"
     if h100_us is not None:
         assert us["H100-SXM"] <= h100_us
+
+
+def test_generate_steps_through_the_static_decoder(monkeypatch):
+    "Every token after the first is one `advance()` of the fixed buffers (no capture on a CPU); cuda_graph=False is the same run."
+    torch.manual_seed(0)
+    model = Mamba3Transformer(ModelConfig.from_preset("tiny")).eval()
+    prompt, calls = torch.randint(0, 50257, (2, 5)), []
+    real = StaticDecoder.advance
+    def counting(self):
+        calls.append((self.graph, self.out.data_ptr(), [t.data_ptr() for s in self.cache for t in s]))
+        return real(self)
+    monkeypatch.setattr(StaticDecoder, "advance", counting)
+    out = model.generate(prompt, 6, seed=1)
+    assert len(calls) == 5 and all(c[0] is None for c in calls) and all(c[1:] == calls[0][1:] for c in calls)
+    assert torch.equal(out, model.generate(prompt, 6, seed=1, cuda_graph=False))   # exact: token ids
+
+
+def test_capture_warms_up_registers_the_generator_and_restores_its_state(monkeypatch):
+    """The CUDA path's order with stand-ins for torch.cuda: a warm-up step on a side stream, the generator registered,
+    one step captured, the generator's state put back; `advance()` then replays the graph."""
+    events = []
+
+    class Stream:
+        def wait_stream(self, other): events.append("wait")
+
+    class Graph:
+        def register_generator_state(self, g): events.append("register")
+        def replay(self): events.append("replay")
+
+    @contextlib.contextmanager
+    def capturing(graph):
+        events.append("capture"); yield; events.append("captured")
+
+    for name, value in (("Stream", Stream), ("current_stream", Stream), ("stream", lambda s: contextlib.nullcontext()),
+                        ("CUDAGraph", Graph), ("graph", capturing)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    model = Mamba3Transformer(ModelConfig.from_preset("tiny", n_layers=1)).eval()
+    gen = torch.Generator().manual_seed(5)
+    dec = StaticDecoder(model, 2, 4, temperature=1.0, generator=gen, cuda_graph=False)
+    monkeypatch.setattr(StaticDecoder, "_step", lambda self: (events.append("step"), torch.rand(3, generator=self.generator)))
+    before = gen.get_state()
+    dec.graph = dec._capture()
+    assert events == ["wait", "step", "wait", "register", "capture", "step", "captured"], events
+    assert torch.equal(gen.get_state(), before)                      # exact: the warm-up's draws are undone
+    dec.advance()
+    assert events[-1] == "replay"
 
 
 def test_prompts_of_different_lengths_equal_each_alone_with_eos_resets_and_pieces():
