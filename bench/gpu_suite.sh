@@ -46,14 +46,14 @@ cd "$(dirname "$0")/.."
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die_usage() { echo "gpu_suite.sh: $*" >&2; exit 2; }
-ORDER=(env kernel_check train_step kernel_bench model e2e_smoke doc_reset kernel_sweep gpu_cells)
+ORDER=(env kernel_check train_step kernel_bench model e2e_smoke doc_reset decode kernel_sweep gpu_cells)
 ONLY_ON_REQUEST=(kernel_sweep gpu_cells)
 declare -A CAP_GPU=([env]=40 [kernel_check]=90 [train_step]=150 [kernel_bench]=80 [model]=70 [e2e_smoke]=150 [doc_reset]=40
-                    [kernel_sweep]=240 [gpu_cells]=120)
+                    [decode]=150 [kernel_sweep]=240 [gpu_cells]=120)
 declare -A CAP_CPU=([env]=60 [kernel_check]=300 [train_step]=300 [kernel_bench]=400 [model]=300 [e2e_smoke]=900 [doc_reset]=300
-                    [kernel_sweep]=0 [gpu_cells]=0)
+                    [decode]=300 [kernel_sweep]=0 [gpu_cells]=0)
 declare -A MIN_S=([env]=10 [kernel_check]=30 [kernel_bench]=40 [model]=30 [train_step]=60 [e2e_smoke]=60
-                  [kernel_sweep]=60 [gpu_cells]=30 [doc_reset]=20)
+                  [kernel_sweep]=60 [gpu_cells]=30 [doc_reset]=20 [decode]=60)
 GRACE=15
 
 SMOKE=0; CPU=0; BUDGET=""; SECTIONS=""
@@ -272,6 +272,11 @@ section_e2e_smoke() {
 section_doc_reset() {
   run_capped "$(section_left)" "$PYTHON" bench/doc_reset_cpu.py --throughput-only --device cuda "${SMOKE_ARG[@]}" \
     "${CPU_ARG[@]}" --json "$SECTION_DIR/doc_reset.json"
+}
+
+# The fused decode step against the official mamba3_siso_step, graphs on and off, and the 434M model's generate.
+section_decode() {
+  run_capped "$(section_left)" "$PYTHON" bench/decode_gpu.py "${SMOKE_ARG[@]}" "${CPU_ARG[@]}" --out "$SECTION_DIR"
 }
 
 section_kernel_sweep() {
