@@ -42,7 +42,8 @@ MISSING = 4            # exit status: a module the suite needs does not import
 PEERS = ("fla", "mamba_ssm")
 STAND_INS = ("IPython",)   # bench/gpu_cells.py replaces IPython.display when it is missing
 PACKAGE = "mamba3_lite"
-UNUSED = {"pyarrow": "mamba3_lite.prepare reads parquet input with it; the suite prepares text"}   # imported, never run
+UNUSED = {"pyarrow": "mamba3_lite.prepare reads parquet input with it; the suite prepares text",   # imported, never run
+          "lm_eval": "mamba3_lite.harness runs lm-evaluation-harness tasks for `eval --tasks`; the suite runs none"}
 
 
 # ---------------------------------------------------------------- 1. what the suite imports

@@ -54,15 +54,15 @@ def stubbed_triton_ssd():
 
 @contextlib.contextmanager
 def own_constants():
-    "mamba3_lite.ssd's cache of 0-dim constants emptied for the fake forward and given back after (fake tensors stay out of it)."
-    import mamba3_lite.ssd as ssd
-    kept = dict(ssd._CONSTS)
-    ssd._CONSTS.clear()
+    "mamba3_lite.ssd_fast's cache of 0-dim constants emptied for the fake forward and given back after (fake tensors stay out of it)."
+    import mamba3_lite.ssd_fast as ssd_fast
+    kept = dict(ssd_fast._CONSTS)
+    ssd_fast._CONSTS.clear()
     try:
         yield
     finally:
-        ssd._CONSTS.clear()
-        ssd._CONSTS.update(kept)
+        ssd_fast._CONSTS.clear()
+        ssd_fast._CONSTS.update(kept)
 
 
 def saved_bytes(cfg, batch, seq_len, dtype=torch.bfloat16):

@@ -296,7 +296,7 @@ def test_every_section_script_takes_sigint_once():
     "Every bench/ script a suite section runs installs sigint_once when run as a program."
     sh = SUITE.read_text()
     scripts = sorted(set(re.findall(r'"\$PYTHON" (bench/\w+\.py)', sh[sh.index("# ---------------------------------------------------------------- sections"):])))
-    assert len(scripts) == 7, scripts
+    assert len(scripts) == 8, scripts
     for script in scripts:
         main_block = (ROOT / script).read_text().split('if __name__ == "__main__":')[-1]
         assert "sigint_once.install()" in main_block, script
