@@ -449,8 +449,8 @@ def test_env_imports_what_the_suite_needs():
     assert {"torch", "triton", "numpy", "fastcore", "blake3", "tqdm", "yaml", "tiktoken", "safetensors", "matplotlib"} <= tops
     assert not tops & {"fla", "mamba_ssm", "IPython", "pyarrow", "wandb", "lm_eval"}, tops
     assert needed["blake3"] == "mamba3_lite/checkpoint.py" and "mamba3_lite.ssd_triton" in needed
-    assert sorted(ge.suite_scripts()) == ["doc_reset_cpu", "e2e_gpu_smoke", "gpu_cells", "gpu_env", "model_gpu",
-                                          "ssd_kernel", "train_gpu"]
+    assert sorted(ge.suite_scripts()) == ["decode_gpu", "doc_reset_cpu", "e2e_gpu_smoke", "gpu_cells", "gpu_env",
+                                          "model_gpu", "ssd_kernel", "train_gpu"]
 
 
 @pytest.mark.parametrize("name, who", [("blake3", "(imported by mamba3_lite/checkpoint.py)"),
