@@ -1,12 +1,15 @@
 """Render README.md from nbs/index.ipynb (quarto, which nbdev_readme needs, cannot be installed offline).
 
 Markdown cells are copied as they are; code cells become ```python blocks with their text outputs;
-cells whose first line is `#| hide` are left out. `--check` exits 1 when README.md is out of date."""
+cells whose first line is `#| hide` are left out. The README's figure is the saved plot of one cell of a notebook
+(`FIGURE`), written to an image file beside the notebooks. `--check` exits 1 when README.md or the image is out of date."""
+import base64
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+FIGURE = ("00_ssd.ipynb", "c0a5e1f2", ROOT / "nbs" / "images" / "00_ssd_trapezoid.png")   # notebook, cell id, image
 HEADER = "<!-- Rendered from nbs/index.ipynb by .ci/render_readme.py: edit the notebook, not this file. -->\n\n"
 
 
@@ -32,13 +35,27 @@ def render():
     return HEADER + "\n".join(parts)
 
 
+def figure() -> bytes:
+    "The PNG of the README's figure: the one plot saved in the output of cell `FIGURE[1]` of `FIGURE[0]`."
+    nb, cell_id, _ = FIGURE
+    cells = json.loads((ROOT / "nbs" / nb).read_text(encoding="utf-8"))["cells"]
+    found = [c for c in cells if c.get("id") == cell_id]
+    if not found: sys.exit(f"render_readme: nbs/{nb} has no cell {cell_id} (the README's figure)")
+    pngs = [o["data"]["image/png"] for o in found[0].get("outputs", []) if "image/png" in o.get("data", {})]
+    if len(pngs) != 1: sys.exit(f"render_readme: cell {cell_id} of nbs/{nb} saved {len(pngs)} plots, expected 1 (run .ci/execute_notebooks.sh)")
+    return base64.b64decode(pngs[0])
+
+
 if __name__ == "__main__":
-    text, readme = render(), ROOT / "README.md"
+    text, readme, png, image = render(), ROOT / "README.md", figure(), FIGURE[2]
     if "--check" in sys.argv:
-        if not readme.exists() or readme.read_text(encoding="utf-8") != text:
-            print("README.md is out of date with nbs/index.ipynb: run `python .ci/render_readme.py`")
+        stale = [p.name for p, want in ((readme, text.encode()), (image, png)) if not p.exists() or p.read_bytes() != want]
+        if stale:
+            print(f"{', '.join(stale)} out of date with the notebooks: run `python .ci/render_readme.py`")
             sys.exit(1)
-        print("README.md matches nbs/index.ipynb")
+        print("README.md and its figure match the notebooks")
     else:
         readme.write_text(text, encoding="utf-8")
-        print(f"wrote {readme}")
+        image.parent.mkdir(exist_ok=True)
+        image.write_bytes(png)
+        print(f"wrote {readme} and {image.relative_to(ROOT)}")

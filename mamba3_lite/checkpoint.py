@@ -28,8 +28,8 @@ import safetensors.torch
 import torch
 
 import mamba3_lite
-from .files import (DiskFullError, RunLock, TMP_SUFFIX, atomic_write, file_digest, fsync_dir, fsync_file,
-                              out_of_room, temp_path, umask_mode)
+from .files import (DiskFullError, RunLock, TMP_SUFFIX, atomic_write, file_digest, fresh_temp, fsync_dir,
+                              fsync_file, out_of_room, umask_mode)
 
 class CheckpointWarning(UserWarning):
     "Every warning this module emits: torn/corrupt steps skipped, lenient loads, missing optimizer state."
@@ -177,6 +177,7 @@ class CheckpointManager:
         path = self.paths(step)["meta"]
         try: meta = json.loads(path.read_bytes())
         except FileNotFoundError: raise
+        except IsADirectoryError: raise CheckpointCorruptError(f"{path}: a directory, not a meta file") from None
         except (ValueError, UnicodeDecodeError) as e: raise CheckpointCorruptError(f"{path}: meta is not valid JSON ({e})") from None
         files = meta.get("files") if isinstance(meta, dict) else None
         names = {k: p.name for k, p in self.paths(step).items() if k != "meta"}
@@ -255,11 +256,11 @@ def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, 
         tmps, files, writing = {}, {}, paths["model"]
         try:
             with ThreadPoolExecutor(max_workers=4) as pool:     # (1)-(2): a written file is fsync'd and hashed
-                tmps["model"] = temp_path(paths["model"])       # while the next one is being written
+                tmps["model"] = fresh_temp(paths["model"])      # while the next one is being written
                 safetensors.torch.save_file(state, tmps["model"])
                 jobs = {"model": _seal_async(pool, tmps["model"])}
                 if optimizer is not None:
-                    tmps["optim"], writing = temp_path(paths["optim"]), paths["optim"]
+                    tmps["optim"], writing = fresh_temp(paths["optim"]), paths["optim"]
                     _torch_save(optimizer.state_dict(), tmps["optim"])
                     jobs["optim"] = _seal_async(pool, tmps["optim"])
                 for sync, _ in jobs.values(): sync.result()     # re-raises an fsync error
@@ -324,13 +325,14 @@ def latest_step(self: CheckpointManager, below=None):
 # %% ../nbs/07_checkpoint.ipynb #f1e2d3c4
 @patch
 def resume_point(self: CheckpointManager):
-    """The step a run continues from: `latest_step()`, or None when no step is committed (a fresh start). When every
-    committed step fails verification, `CheckpointCorruptError` naming each one's problem: starting afresh would
-    overwrite them (and the run's metrics)."""
-    broken = {}
-    for s in reversed([s for s in self.list_steps() if self.paths(s)["meta"].exists()]):
+    """The step a run continues from: `latest_step()`, or None when the directory holds no step file (a fresh start).
+    When every committed step fails verification, or step files lie there without any meta, `CheckpointCorruptError`
+    naming each one's problem: starting afresh would overwrite them (and the run's metrics)."""
+    steps, broken = self.list_steps(), {}
+    for s in reversed([s for s in steps if self.paths(s)["meta"].exists()]):
         if not (probs := self.problems(s)): return self.latest_step()   # warns about each newer broken step
         broken[s] = probs[0]
+    if steps and not broken: broken = {s: self.problems(s)[0] for s in reversed(steps)}   # no meta left at all
     if broken:
         raise CheckpointCorruptError(f"no checkpoint in {self.checkpoint_dir} verifies (" + "; ".join(f"step {s}: {p}" for s, p in
                                      broken.items()) + "); nothing was changed: move the broken steps away to start afresh")

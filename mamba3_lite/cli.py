@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shlex
 import signal
@@ -25,13 +26,12 @@ import time
 import warnings
 from pathlib import Path
 
-from .files import DEFAULT_INCLUDE, RunLockedError
+from .files import DEFAULT_INCLUDE, RunLockedError, append_record, os_error_message
 from .tokenizer import (RANKS_ENV, WHISPER_SDIST, TokenizerUnavailableError, gpt2_encoding, install_tokenizer,
                                    ranks_from_index)
 
 # %% ../nbs/12_cli.ipynb #1edc4d03
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, TokenizerUnavailableError,
-               RunLockedError)
+USER_ERRORS = (ValueError, OSError, TokenizerUnavailableError, RunLockedError)   # OSError: every filesystem failure
 
 class Terminated(BaseException):
     "SIGTERM as an exception (see `sigterm_raises`): like Ctrl-C's KeyboardInterrupt, it unwinds the command so cleanup runs."
@@ -59,10 +59,11 @@ def one_line_warnings(prog: str):
         f"{prog}: warning: {message} ({category.__name__})\n")
 
 def run_cli(parser, argv, body) -> int:
-    """Every `mamba3-lite` command's runner: parse `argv`, return `body(args)`'s exit code. Usage and user mistakes
-    print one `prog: error: ...` line and return 2, a failed run (RuntimeError) returns 1, Ctrl-C 130, `Terminated` 143
-    (each line adds the note the interrupt carries, if any), a training run a signal stopped 128 + the signal; warnings are one line;
-    `MAMBA3_LITE_DEBUG=1` lets the exception through with its traceback."""
+    """Every `mamba3-lite` command's runner: parse `argv`, return `body(args)`'s exit code. Usage and user mistakes and
+    filesystem failures (any `OSError`, said by `os_error_message`) print one `prog: error: ...` line and return 2, a
+    failed run (RuntimeError) returns 1, Ctrl-C 130, `Terminated` 143 (each line adds the note the interrupt carries, if
+    any), a training run a signal stopped 128 + the signal; warnings are one line; `MAMBA3_LITE_DEBUG=1` lets the
+    exception through with its traceback."""
     try: args = parser.parse_args(argv)
     except UsageError as e:
         print(f"{parser.prog}: error: {e} (see --help)", file=sys.stderr); return 2
@@ -71,7 +72,7 @@ def run_cli(parser, argv, body) -> int:
     one_line_warnings(parser.prog)
     try: return body(args)
     except USER_ERRORS as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr); return 2
+        print(f"{parser.prog}: error: {os_error_message(e) if isinstance(e, OSError) else e}", file=sys.stderr); return 2
     except RuntimeError as e:
         print(f"{parser.prog}: failed: {e}", file=sys.stderr); return 1
     except KeyboardInterrupt as e:          # Ctrl-C, or `TrainingStopped` (a signal, after a checkpoint: it names the step)
@@ -84,11 +85,15 @@ def _note(e: BaseException) -> str: return f": {e}" if str(e) else ""
 
 
 # %% ../nbs/12_cli.ipynb #b5b72a9f
-def _positive(s: str) -> int:
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s}")
+def _int_arg(s: str, expects: str, ok) -> int:
+    "`s` as an integer for which `ok` holds, else one line of what the option expects (argparse puts the option's name first)."
+    try: v = int(s)
+    except ValueError: v = None
+    if v is None or not ok(v): raise argparse.ArgumentTypeError(f"expected {expects}, got {s!r}")
     return v
+
+
+def _positive(s: str) -> int: return _int_arg(s, "a positive integer", lambda v: v >= 1)
 
 
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)   # tokenizer threads of prepare and quickstart
@@ -251,19 +256,12 @@ def resolve_device(name: str) -> str:
 
 
 # %% ../nbs/12_cli.ipynb #8630f37c
-def _step(s: str) -> int:
-    v = int(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a step >= 0, got {s}")
-    return v
+def _step(s: str) -> int: return _int_arg(s, "a checkpoint step (an integer >= 0)", lambda v: v >= 0)
 
 
 def _seed(s: str) -> int:
     from mamba3_lite.config import SEED_MAX, SEED_MAX_TEXT
-    v = int(s)
-    if not 0 <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_MAX_TEXT}], got {s}")
-    return v
+    return _int_arg(s, f"an integer in [0, {SEED_MAX_TEXT}]", lambda v: 0 <= v <= SEED_MAX)
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -387,29 +385,36 @@ def eval_parser() -> argparse.ArgumentParser:
     h.add_argument("--bootstrap-iters", type=_count, metavar="N", help="standard errors: closed "
                    f"form for accuracies, N bootstrap resamples for the other metrics; 0 = none (default: {BOOTSTRAP_ITERS:,}, lm-eval's)")
     h.add_argument("--output", metavar="FILE", help="write the results JSON here instead of the run directory")
+    h.add_argument("--prefill-chunk", type=_positive, metavar="N", help="run at most N tokens a forward pass (log-likelihoods "
+                   "and generation prompts), the state carried between them: bounds memory on long inputs (default: all at once)")
     return p
 
 
 def _limit(s: str) -> float:
-    v = float(s)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
+    try: v = float(s)
+    except ValueError: v = math.nan
+    if not v > 0 or math.isinf(v):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {s!r}")
     return int(v) if v >= 1 and v == int(v) else v
 
 
-def _count(s: str) -> int:
-    v = int(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {s}")
-    return v
+def _count(s: str) -> int: return _int_arg(s, "an integer >= 0", lambda v: v >= 0)
 
 
 # %% ../nbs/12_cli.ipynb #a7d3c006
 def append_eval(out_dir, record: dict) -> Path:
-    "Append `record` as one JSON line to `out_dir/eval.jsonl` (beside the run's metrics.jsonl); returns the path."
+    "Append `record` as one JSON line to `out_dir/eval.jsonl` (beside the run's metrics.jsonl; never through a link); returns the path."
     path = Path(out_dir) / "eval.jsonl"
-    with open(path, "a", encoding="utf-8") as f: f.write(json.dumps(record) + "\n")
+    append_record(path, (json.dumps(record) + "\n").encode())
     return path
+
+
+def _kept(what: str, save) -> str:
+    "`save()`'s result as ` | saved=PATH`, or ` | not saved` and one warning naming the file when the filesystem refuses it."
+    try: return f" | saved={save()}"
+    except OSError as e:
+        warnings.warn(f"{what} printed above but not recorded: {os_error_message(e)}")
+        return " | not saved"
 
 
 def eval_cli(argv=None) -> int:
@@ -420,11 +425,11 @@ def eval_cli(argv=None) -> int:
         from mamba3_lite.data import PretrainDataset, prepared_root, verify_in_background
         from mamba3_lite.evaluate import evaluate_bits_per_byte
         if a.tasks is None and (a.limit is not None or a.num_fewshot is not None or a.include_path or a.output
-                                 or a.bootstrap_iters is not None):
-            raise ValueError("--limit, --num-fewshot, --include-path, --bootstrap-iters and --output go with --tasks")
+                                 or a.bootstrap_iters is not None or a.prefill_chunk is not None):
+            raise ValueError("--limit, --num-fewshot, --include-path, --bootstrap-iters, --output and --prefill-chunk go with --tasks")
         device = resolve_device(a.device)
         model, cfg, what, out_dir = load_model(a.checkpoint_dir, a.step, device)
-        apply_num_threads(cfg.training.num_threads, device)
+        apply_num_threads(cfg.training.num_threads, device, strict=False)
         if a.seq_len: cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_seq_len=a.seq_len))
         if a.tasks is not None: return eval_tasks(a, model, cfg, what, out_dir)
         if a.data_path is None and "model_dir" in what:
@@ -442,11 +447,12 @@ def eval_cli(argv=None) -> int:
         r = evaluate_bits_per_byte(model, batches, enc.decode_bytes)
         digests.result()                        # no number from shards that changed after prepare
         label = f"step={what['step']}" if "step" in what else f"model={a.checkpoint_dir}"
-        path = append_eval(out_dir, {**what, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "data_path": data,
-                                     "split": a.split, "seq_len": cfg.data.max_seq_len, "batch_size": a.batch_size,
-                                     "batches": n, **r, "wall_time_s": round(time.time() - t0, 2)})
+        record = {**what, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "data_path": data, "split": a.split,
+                  "seq_len": cfg.data.max_seq_len, "batch_size": a.batch_size, "batches": n, **r,
+                  "wall_time_s": round(time.time() - t0, 2)}
         print(f"{label} | {a.split}_loss={r['loss']:.4f} | ppl={r['ppl']:.2f} | bits_per_byte={r['bits_per_byte']:.4f} | "
-              f"tokens={r['tokens']:,} | bytes={r['bytes']:,} | batches={n}x{a.batch_size}x{cfg.data.max_seq_len} | saved={path}")
+              f"tokens={r['tokens']:,} | bytes={r['bytes']:,} | batches={n}x{a.batch_size}x{cfg.data.max_seq_len}", end="", flush=True)
+        print(_kept("the result", lambda: append_eval(out_dir, record)))    # printed first: a failed record loses nothing
         return 0
     return run_cli(eval_parser(), argv, sigterm_raises()(body))
 
@@ -457,15 +463,16 @@ def eval_tasks(a, model, cfg, what: dict, out_dir: Path) -> int:
     from mamba3_lite.harness import Mamba3LM, results_path, run_tasks, results_table, write_results
 
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
-    lm = Mamba3LM(model, max_length=cfg.data.max_seq_len, batch_size=a.batch_size)
+    lm = Mamba3LM(model, max_length=cfg.data.max_seq_len, batch_size=a.batch_size, prefill_chunk=a.prefill_chunk)
     lm.step, lm.checkpoint_dir = what.get("step"), out_dir
     iters = BOOTSTRAP_ITERS if a.bootstrap_iters is None else a.bootstrap_iters
     res = run_tasks(lm, tasks, limit=a.limit, num_fewshot=a.num_fewshot, include_path=a.include_path, bootstrap_iters=iters)
     info = {**what, "checkpoint_dir": str(out_dir.absolute()), "max_length": lm.max_length, "batch_size": a.batch_size,
-            "limit": a.limit, "num_fewshot": a.num_fewshot, "bootstrap_iters": iters, "tasks": tasks}
-    path = write_results(res, a.output or results_path(out_dir, lm.step, tasks), info)
+            "limit": a.limit, "num_fewshot": a.num_fewshot, "bootstrap_iters": iters, "tasks": tasks,
+            "prefill_chunk": a.prefill_chunk}
     print(results_table(res))
-    print(f"{'step=' + str(lm.step) if lm.step is not None else 'model=' + str(a.checkpoint_dir)} | results -> {path}")
+    print(f"{'step=' + str(lm.step) if lm.step is not None else 'model=' + str(a.checkpoint_dir)}"
+          + _kept("the results", lambda: write_results(res, a.output or results_path(out_dir, lm.step, tasks), info)))
     return 0
 
 
@@ -481,6 +488,10 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1] (default: 1.0 = off)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default: 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto = cuda when torch sees one)")
+    p.add_argument("--prefill-chunk", type=_positive, metavar="N", help="prefill the prompt N tokens at a time, the state "
+                   "carried between pieces: bounds memory on a long prompt (default: all at once)")
+    p.add_argument("--no-cuda-graph", action="store_true", help="on a GPU, run each decode step op by op instead of "
+                   "replaying it as one CUDA graph")
     return p
 
 
@@ -493,7 +504,7 @@ def generate_cli(argv=None) -> int:
             raise ValueError("need --temperature >= 0, 0 < --top-p <= 1 and --top-k >= 0")
         device = resolve_device(a.device)
         model, cfg, _, _ = load_model(a.checkpoint_dir, a.step, device)
-        apply_num_threads(cfg.training.num_threads, device)
+        apply_num_threads(cfg.training.num_threads, device, strict=False)
         enc = gpt2_encoding()
         ids = enc.encode(a.prompt, allowed_special={"<|endoftext|>"})
         if not ids:
@@ -501,7 +512,8 @@ def generate_cli(argv=None) -> int:
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=a.max_new_tokens,
                              temperature=a.temperature, top_k=a.top_k or None, top_p=a.top_p,
                              eos_id=enc.eot_token, seed=a.seed,
-                             reset_after=enc.eot_token if cfg.data.reset_at_eos else None)
+                             reset_after=enc.eot_token if cfg.data.reset_at_eos else None,
+                             prefill_chunk=a.prefill_chunk, cuda_graph=not a.no_cuda_graph)
         print(enc.decode(out[0].tolist()))
         return 0
     return run_cli(generate_parser(), argv, body)
@@ -548,7 +560,7 @@ def import_cli(argv=None) -> int:
         from mamba3_lite.interop import import_run
         r = import_run(a.source, os.path.abspath(a.out), a.config)   # absolute: the run is found from any directory
         print(f"imported {a.source} ({r['parameters']:,} parameters) as step 0 of {r['checkpoint_dir']}; "
-              f"continue training with: mamba3-lite train --config {r['config']}")
+              f"continue training with: mamba3-lite train --config {shlex.quote(r['config'])}")
         return 0
     return run_cli(import_parser(), argv, body)
 

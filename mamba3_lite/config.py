@@ -30,8 +30,8 @@ __all__ = ['SEED_MAX', 'SEED_MAX_TEXT', 'RESUME_META', 'MODEL_KNOBS_ON_RESUME', 
            'CPU_FAILING_COMPILE_MODES', 'ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'check_ranges',
            'config_from_dict', 'config_to_dict', 'ConfigLoader', 'packaged_configs', 'config_path', 'load_config',
            'apply_overrides', 'apply_triton_opt_in', 'build_model_config', 'check_resume_meta', 'config_changes',
-           'refused_changes', 'dry_run_config', 'physical_cores', 'busy_cores', 'auto_threads', 'apply_num_threads',
-           'compile_mode_for']
+           'refused_changes', 'dry_run_config', 'physical_cores', 'busy_cores', 'auto_threads', 'logical_cpus',
+           'apply_num_threads', 'compile_mode_for']
 
 # %% ../nbs/09_config.ipynb #a2abc34a
 class ConfigError(ValueError):
@@ -240,10 +240,14 @@ def config_path(spec) -> Path:
 
 
 def load_config(path) -> TrainingConfig:
-    "Read and validate a YAML config file, given by path or by a packaged config's name."
+    "Read and validate a YAML config file (UTF-8), given by path or by a packaged config's name."
     path = config_path(path)
     try:
-        d = yaml.load(path.read_text(), Loader=ConfigLoader)
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8") from None
+    try:
+        d = yaml.load(text, Loader=ConfigLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     try:
@@ -282,7 +286,7 @@ def build_model_config(config: TrainingConfig, log: Callable[[str], None] = prin
 
 # %% ../nbs/09_config.ipynb #63edcb47
 RESUME_META = {"scheduler": dict, "rng": dict, "data_position": list, "tokens_seen": int, "config": dict}
-MODEL_KNOBS_ON_RESUME = ("chunk_size", "ssd_dispatch", "grad_checkpoint")  # speed and memory only
+MODEL_KNOBS_ON_RESUME = ("chunk_size", "ssd_dispatch", "grad_checkpoint", "decode_dispatch", "state_dtype")  # speed and memory only
 FIXED_ON_RESUME = ("data.max_seq_len", "data.shuffle", "data.dummy", "training.seed")  # the data order
 OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup_steps", "max_steps", "lr_schedule", "wsd_decay_frac", "wsd_decay_shape",
                   "weight_decay", "betas", "eps")
@@ -378,14 +382,26 @@ def auto_threads(env=None, log=print, busy=None) -> int:
     return max(1, cores - busy)
 
 
-def apply_num_threads(setting, device_type: str, log=print) -> int:
-    "Set torch's CPU threads from a `training.num_threads` value on `device_type`; returns the count in use."
+def logical_cpus() -> int:
+    "The CPUs this process may run on, hyperthreads counted: its affinity (`os.cpu_count()` where there is none)."
+    try: return len(os.sched_getaffinity(0))
+    except AttributeError: return os.cpu_count() or 1
+
+
+def apply_num_threads(setting, device_type: str, log=print, strict: bool = True) -> int:
+    """Set torch's CPU threads from a `training.num_threads` value on `device_type`; returns the count in use. More
+    than `logical_cpus()` is a `ConfigError` (`strict`), else lowered to them with one line."""
     global _AUTO_THREADS
     if setting == "auto" and device_type == "cpu":
         if _AUTO_THREADS is None: _AUTO_THREADS = auto_threads(log=log)    # once a process: runs in it compute alike
         torch.set_num_threads(_AUTO_THREADS)
         log(f"[cpu] {_AUTO_THREADS} thread{'s' * (_AUTO_THREADS > 1)} (training.num_threads: auto; {physical_cores()} physical cores available)")
     elif isinstance(setting, int):
+        if setting > (cpus := logical_cpus()):
+            if strict: raise ConfigError(f"training.num_threads={setting}: more than the {cpus} CPUs this process may run on; "
+                                         f"give auto or at most {cpus}")
+            log(f"[cpu] training.num_threads={setting} is more than the {cpus} CPUs here: {cpus} threads")
+            setting = cpus
         torch.set_num_threads(setting)
     return torch.get_num_threads()
 

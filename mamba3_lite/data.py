@@ -210,11 +210,14 @@ class PretrainDataset(Dataset):
             raise ValueError(f"{p}: {self.total_tokens} tokens make no window of {max_seq_len}+1 tokens; need at least {max_seq_len + 1}")
         self._seams = self._stitch_seams(seam_cache_mb)
 
-    def __reduce__(self):
-        "Pickle as the constructor call (re-opens the mapping; for spawned DataLoader workers), never the token data."
-        return (PretrainDataset, self._args)
+# %% ../nbs/06_data.ipynb #53597fce
+@patch
+def __reduce__(self: PretrainDataset):
+    "Pickle as the constructor call (re-opens the mapping; for spawned DataLoader workers), never the token data."
+    return (PretrainDataset, self._args)
 
-    def __len__(self): return self._n
+@patch
+def __len__(self: PretrainDataset): return self._n
 
 # %% ../nbs/06_data.ipynb #9fbb1efd
 @patch
@@ -273,6 +276,7 @@ def _check_manifest(self: PretrainDataset, d: Path, paths, full_check: bool):
         if full_check and sh.sha256() != s["sha256"]: raise ValueError(f"{q}: sha256 differs from {mf} (corrupt or replaced)")
     if sum(s["n_tokens"] for s in m["shards"]) != m["n_tokens"]: raise ValueError(f"{mf}: n_tokens {m['n_tokens']} != sum over its shards")
 
+# %% ../nbs/06_data.ipynb #fd1865f4
 @patch
 def verify_digests(self: PretrainDataset):
     "Check every shard's sha256 against the manifest (one read of each file); `ValueError` naming the first that differs."
@@ -295,6 +299,7 @@ def _stitch_seams(self: PretrainDataset, cap_mb) -> dict:
         seams[i] = np.concatenate([x.numpy(), y[-1:].numpy()])
     return seams
 
+# %% ../nbs/06_data.ipynb #9d2e6944
 @patch
 def __getitem__(self: PretrainDataset, idx: int):
     if idx < 0: idx += self._n
@@ -313,6 +318,7 @@ def __getitem__(self: PretrainDataset, idx: int):
     if self._reads % 4 == 0 and _file_rss_bytes() - self._rss_base > self._budget: self.release()
     return window_fast(self.shards, self.offsets, self.sizes, idx, self.max_seq_len, self.vocab_size, self.names, self._touched)
 
+# %% ../nbs/06_data.ipynb #3e90f59a
 @patch
 def release(self: PretrainDataset):
     "Drop the mapped pages of the shards read since the last release (they stay in the OS page cache)."
@@ -334,6 +340,7 @@ class Batch:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)
         return Batch(move(self.x), move(self.y), move(self.seq_idx))
 
+# %% ../nbs/06_data.ipynb #da1d3529
 @patch
 def get_batch(self: PretrainDataset, indices) -> Batch:
     "Stack windows into a `Batch` (with `seq_idx` when the dataset was made with `reset_at_eos=True`)."
@@ -440,20 +447,27 @@ class WindowSampler:
                 if self.position == len(order): self.epoch, self.position = self.epoch + 1, 0
             yield batch
 
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "n_windows": self.n_windows, "shuffle": self.shuffle,
-                "seed": self.seed, "rank": self.rank, "world_size": self.world_size}
+# %% ../nbs/06_data.ipynb #fa9fde13
+@patch
+def state_dict(self: WindowSampler) -> dict:
+    "Where the sampler is, and what it must be resumed with."
+    return {"epoch": self.epoch, "position": self.position, "n_windows": self.n_windows, "shuffle": self.shuffle,
+            "seed": self.seed, "rank": self.rank, "world_size": self.world_size}
 
-    def load_state_dict(self, state: dict):
-        for key in ("world_size", "rank", "n_windows", "shuffle", "seed"):
-            if state[key] != getattr(self, key):
-                raise ValueError(f"cannot resume: the data position was saved with {key}={state[key]!r} but this run has "
-                                 f"{key}={getattr(self, key)!r}; the window order would change (resume with the same {key})")
-        if not 0 <= state["position"] < self.windows_per_epoch: raise ValueError(f"cannot resume: position {state['position']} outside this rank's epoch of {self.windows_per_epoch}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._start = (self.epoch, self.position)
+@patch
+def load_state_dict(self: WindowSampler, state: dict):
+    "Continue from `state`; refuses one saved with another world_size, rank, corpus size, shuffle or seed."
+    for key in ("world_size", "rank", "n_windows", "shuffle", "seed"):
+        if state[key] != getattr(self, key):
+            raise ValueError(f"cannot resume: the data position was saved with {key}={state[key]!r} but this run has "
+                             f"{key}={getattr(self, key)!r}; the window order would change (resume with the same {key})")
+    if not 0 <= state["position"] < self.windows_per_epoch: raise ValueError(f"cannot resume: position {state['position']} outside this rank's epoch of {self.windows_per_epoch}")
+    self.epoch, self.position = int(state["epoch"]), int(state["position"])
+    self._start = (self.epoch, self.position)
 
-    def state_at(self, n_batches: int) -> dict:
-        "The state after `n_batches` batches counted from construction / the last `load_state_dict` (for DataLoaders that prefetch)."
-        pos = self._start[1] + n_batches * self.batch_size
-        return {**self.state_dict(), "epoch": self._start[0] + pos // self.windows_per_epoch, "position": pos % self.windows_per_epoch}
+# %% ../nbs/06_data.ipynb #16362abc
+@patch
+def state_at(self: WindowSampler, n_batches: int) -> dict:
+    "The state after `n_batches` batches counted from construction / the last `load_state_dict` (for DataLoaders that prefetch)."
+    pos = self._start[1] + n_batches * self.batch_size
+    return {**self.state_dict(), "epoch": self._start[0] + pos // self.windows_per_epoch, "position": pos % self.windows_per_epoch}

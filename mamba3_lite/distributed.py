@@ -140,25 +140,50 @@ def fsdp_sync(model, last: bool):
 
 # %% ../nbs/10_distributed.ipynb #e2f3a4b5
 class StopRequest:
-    "SIGTERM / SIGINT as a flag every rank reads the same (`poll`); `with StopRequest():` installs the handlers."
+    """SIGTERM / SIGINT as a flag every rank reads the same (`poll`); `with StopRequest():` installs the handlers and the
+    watcher that exits at once on a second request (a repeat within `same_request_s` is the same request)."""
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
-    def __init__(self): self.signum, self._at, self._old = None, 0.0, {}
+    def __init__(self, same_request_s: float = None):
+        self.signum, self._at, self._old, self._wake = None, None, {}, None
+        self.same_request_s = (1.0 if "TORCHELASTIC_RUN_ID" in os.environ else 0.1) if same_request_s is None else same_request_s
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             self._old = {s: signal.signal(s, self._ask) for s in self.SIGNALS}
+            r, w = os.pipe()
+            os.set_blocking(w, False)                          # (the C handler must never block on it)
+            self._wake = (w, signal.set_wakeup_fd(w, warn_on_full_buffer=False))
+            threading.Thread(target=self._watch, args=(r,), name="stop-request", daemon=True).start()
         return self
 
     def __exit__(self, *exc):
+        if self._wake is not None:
+            w, old = self._wake
+            signal.set_wakeup_fd(old); os.close(w)             # the watcher reads the pipe's end and returns
+            self._wake = None
         for s, h in self._old.items(): signal.signal(s, h)
         self._old = {}
 
     def _ask(self, signum, frame):
-        now = time.monotonic()
-        if self.signum is None: self.signum, self._at = signum, now
-        elif now - self._at > 1.0:
-            print(f"second {signal.Signals(signum).name}: exiting now, without a checkpoint", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
+        "The Python-level handler: it runs between the main thread's bytecodes, late, so it only records the request."
+        if self.signum is None: self.signum = signum
+
+    def _watch(self, r: int):
+        "Each signal's number, read from the wakeup pipe as it lands (whatever the main thread runs); a second request exits."
+        with open(r, "rb", buffering=0) as pipe:
+            while byte := pipe.read(1):
+                if self.arrived(byte[0], time.monotonic()):
+                    os.write(2, f"second {signal.Signals(byte[0]).name}: exiting now, without a checkpoint\n".encode())
+                    os._exit(128 + byte[0])
+
+    def arrived(self, signum: int, now: float) -> bool:
+        "Record that `signum` landed at `now`; True when it is a second request (more than `same_request_s` after the first)."
+        if signum not in self.SIGNALS: return False
+        if self._at is None:
+            self._at = now
+            if self.signum is None: self.signum = signum
+            return False
+        return now - self._at > self.same_request_s
 
     def poll(self, env: DistEnv) -> int:
         "The signal any rank received (0: none), the same on every rank: a collective when there are several."

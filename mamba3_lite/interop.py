@@ -110,9 +110,13 @@ def model_config_from_mamba_ssm(config: dict, d_ff: int = None) -> ModelConfig:
         _refuse("ssm_cfg.rope_fraction", f"the official Mamba3 accepts 0.5 or 1.0, got {s['rope_fraction']!r}")
     if s["dropout"]:
         _refuse("ssm_cfg.dropout", f"expected 0.0, got {s['dropout']!r}")
-    return check_fits_in_memory(ModelConfig(vocab_size=c["vocab_size"], d_model=c["d_model"], n_layers=c["n_layer"],
-                                            d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"],
-                                            norm_eps=OFFICIAL_EPS, **{ours: s[off] for ours, off in MIXER_FIELDS.items()}))
+    cfg = check_fits_in_memory(ModelConfig(vocab_size=c["vocab_size"], d_model=c["d_model"], n_layers=c["n_layer"],
+                                           d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"],
+                                           norm_eps=OFFICIAL_EPS, **{ours: s[off] for ours, off in MIXER_FIELDS.items()}))
+    pad = c["pad_vocab_size_multiple"]
+    if type(pad) is not int or not 1 <= pad <= cfg.vocab_size:
+        _refuse("pad_vocab_size_multiple", f"expected an integer from 1 to vocab_size ({cfg.vocab_size}), got {pad!r}")
+    return cfg
 
 # %% ../nbs/14_interop.ipynb #7f7b8666
 def official_state_order(d_state: int, n_angles: int) -> torch.Tensor:

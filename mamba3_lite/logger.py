@@ -21,7 +21,7 @@ from fastcore.basics import patch
 import torch
 from tqdm import tqdm
 
-from .files import append_whole, atomic_write
+from .files import append_whole, atomic_write, open_no_follow
 
 # %% ../nbs/08_logger.ipynb #0d8c17e6
 PEAK_BF16_DENSE_FLOPS = (           # (substring of the device name, FLOP/s), most specific first
@@ -98,9 +98,10 @@ def truncate_metrics(path, step: int, moved_to=None) -> int:
     line (a crash mid-write) is dropped rather than left to swallow the next record. `moved_to`: a file the dropped
     whole records are appended to first (a rewind keeps them beside its abandoned steps). Returns the lines dropped."""
     path = Path(path)
-    if not path.exists(): return 0
+    if not os.path.lexists(path): return 0
+    with open(open_no_follow(path, os.O_RDONLY), encoding="utf-8") as f: text = f.read()   # a link: LinkRefusedError
     keep, moved, dropped = [], [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try: rec = json.loads(line)
         except ValueError: rec = None
         if isinstance(rec, dict) and step > 0 and rec.get("step", 0) <= step: keep.append(line)
@@ -185,13 +186,13 @@ def _flush(self: TrainingLogger, step, lr, now) -> dict:
            "mfu": mfu, "peak_mem_gib": gib, "mem_kind": kind, "skipped": self._skipped, "steps": len(self._losses),
            "tokens": self._tokens, "tokens_trained": self._trained, "tokens_total": self.tokens_total,
            "window_s": dt, "total_steps": self.total_steps, "eta_s": self._eta(step, now), "time": time.time()}
+    self._reset_window()                                       # first: a write that fails leaves nothing for close() to print again
+    self._t_mark = now
     self._emit(format_line(rec))
     self._write(rec)
     self._mirror({"train/loss": rec["loss"], "train/ppl": rec["ppl"], "train/lr": rec["lr"],
                   "train/tokens_per_sec": tps, "train/grad_norm": rec["grad_norm"], "train/mfu": mfu,
-                  "train/peak_mem_gib": gib, "train/skipped": self._skipped}, step)
-    self._reset_window()
-    self._t_mark = now
+                  "train/peak_mem_gib": gib, "train/skipped": rec["skipped"]}, step)
     return rec
 
 # %% ../nbs/08_logger.ipynb #2cfc9433
@@ -239,9 +240,9 @@ def _flush_pending(self: TrainingLogger):
     if self._losses: return self._flush(self._last_step, self._lr, self.clock())
     if not self._skipped: return None
     rec = {"kind": "skipped", "step": self._last_step, "skipped": self._skipped, "time": time.time()}
-    self._emit(f"step={self._last_step:>7} | skipped={self._skipped} (non-finite steps since the last record)")
-    self._write(rec)
     self._reset_window()
+    self._emit(f"step={rec['step']:>7} | skipped={rec['skipped']} (non-finite steps since the last record)")
+    self._write(rec)
     return rec
 
 @patch
@@ -259,7 +260,7 @@ def close(self: TrainingLogger):
 @patch
 def _append(self: TrainingLogger, line: bytes):
     "Append one record's line to metrics.jsonl whole (`append_whole`); after a failure nothing more is written."
-    if self._fd is None: self._fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # mode: 0o666 & ~umask
+    if self._fd is None: self._fd = open_no_follow(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # mode: 0o666 & ~umask
     try: append_whole(self._fd, line, self.metrics_path)
     except BaseException:
         self._failed = True                                    # one error: close() does not raise a second
@@ -333,5 +334,5 @@ def plot_metrics(checkpoint_dir, out_png=None) -> Path:
     ax_tps.set_ylim(0, 1.15 * max(tps, default=0) or 1)        # from 0: a steady rate reads as flat, not as noise zoomed in
     fig.tight_layout()
     out = Path(out_png) if out_png is not None else run_directory(checkpoint_dir) / "loss.png"
-    fig.savefig(out, dpi=80)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=80, format=out.suffix.lstrip(".") or "png"))
     return out

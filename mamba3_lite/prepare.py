@@ -272,10 +272,25 @@ def val_batch_tokens(config: str = "tiny_cpu") -> int:
     cfg = load_config(config)
     return cfg.training.micro_batch_size * cfg.data.max_seq_len + 1
 
+def _named(sources) -> str:
+    "The first inputs of a manifest's `sources`, for a message: `a.txt, b.jsonl and 12 more`."
+    names = [str(s.get("path") or s.get("hf_dataset")) for s in sources]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3:,} more" if len(names) > 3 else "")
+
 def check_split_sizes(res: dict, val_tokens, val_fraction, config: str = "tiny_cpu"):
-    """Refuse an empty train split (`ValueError`); warn (`PrepareWarning`) when the val split is smaller than one
-    batch of the packaged `config`. Each message is one line naming the setting to change."""
+    """Refuse an empty train split (`ValueError`): no documents at all, one document (it cannot be split), or every
+    document taken by val; warn (`PrepareWarning`) when the val split is smaller than one batch of the packaged
+    `config`. Each message is one line saying what would work."""
     n_val, asked = res["val"]["n_tokens"], (f"--val-tokens {val_tokens}" if val_tokens is not None else f"--val-fraction {val_fraction}")
+    docs, inputs = res["train"]["n_documents"] + res["val"]["n_documents"], _named(res["val"].get("sources", []))
+    if docs == 0:
+        empty = res["val"].get("n_empty_documents_skipped", 0)
+        raise ValueError(f"no documents: {inputs} hold no text ({empty:,} empty document{'s' * (empty != 1)} skipped); "
+                         "give files with text (for .jsonl and parquet, check --text-field)")
+    if res["train"]["n_tokens"] == 0 and docs == 1:
+        raise ValueError(f"one document cannot be split into train and val ({inputs}: 1 document, {n_val:,} tokens; each "
+                         "split takes whole documents): give at least two documents, e.g. the text cut into several files "
+                         "or .jsonl lines")
     if res["train"]["n_tokens"] == 0:
         raise ValueError(f"no training tokens: all {res['val']['n_documents']:,} documents ({n_val:,} tokens) went to val "
                          f"({asked}); give a smaller --val-tokens or --val-fraction")

@@ -252,9 +252,9 @@ def _rank0(self: Pretrainer, fn: Callable):
 # %% ../nbs/11_train.ipynb #73dd147b
 @patch
 def _resume(self: Pretrainer, step: int) -> int:
-    """Load `step`. On auto-resume, a step that matches its digests but does not load falls back to the step before
-    it, with a warning, as a digest mismatch does. After an explicit rewind, or when committed newer steps were skipped,
-    the first save moves the newer steps (and their metrics records) to `abandoned/`: no step on disk is overwritten."""
+    """Load `step`; on auto-resume a step that does not load falls back to the one before it, with a warning. When any
+    newer step file is on disk (a rewind, a broken step skipped, a save that never committed), the first save moves
+    those steps (and their metrics records) to `abandoned/`: no step file on disk is overwritten."""
     explicit = self.resume_step is not None
     while True:
         try:
@@ -266,8 +266,8 @@ def _resume(self: Pretrainer, step: int) -> int:
             step = self._rank0(lambda: self.ckpt.latest_step(below=step))
             if step is None:
                 raise RuntimeError(f"no checkpoint in {self.checkpoint_dir} loads; move the broken steps away to start afresh") from None
-    if self.env.is_main and any(s > step and (explicit or self.ckpt.paths(s)["meta"].exists()) for s in self.ckpt.list_steps()):
-        self._abandon_after = step      # a rewind, or committed steps skipped as broken: moved away at the first save
+    if self.env.is_main and any(s > step for s in self.ckpt.list_steps()):
+        self._abandon_after = step      # a rewind, broken or uncommitted newer steps: moved away at the first save
     self.log(f"[resume] from checkpoint step {self.step} in {self.checkpoint_dir}")
     return step
 

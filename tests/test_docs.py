@@ -8,12 +8,11 @@ Each text is matched with its whitespace runs (and a `#` that continues a commen
 space, so a phrase broken across lines is still found; a hit is reported at the line where it starts.
 
 Notebooks also show what they check: an agreement check prints its measured error beside its bound. Numbers quoted
-from committed benchmark results (bench/results/*.json) are rebuilt from those files, and a result quoted in more
-than one place is quoted the same everywhere."""
+from committed benchmark results go through the results ledger, bench/RESULTS.md (tests/test_results_ledger.py).
+The README fits its readers: at most 10 KB, its figure in the repository."""
 import bisect
 import io
 import json
-import math
 import re
 import tokenize
 from pathlib import Path
@@ -49,7 +48,9 @@ def documents():
                 text = out.get("text") or out.get("data", {}).get("text/plain") or out.get("data", {}).get("text/markdown") or ""
                 yield f"{nb.relative_to(REPO)} cell {i} output", "".join(text)
     yield "README.md", (REPO / "README.md").read_text()
+    for md in sorted((REPO / "nbs").glob("*.md")): yield str(md.relative_to(REPO)), md.read_text()
     yield "bench/README.md", (REPO / "bench" / "README.md").read_text()
+    yield "bench/RESULTS.md", (REPO / "bench" / "RESULTS.md").read_text()
     for script in sorted((REPO / "bench").glob("*.py")):
         yield str(script.relative_to(REPO)), python_prose(script.read_text())
 
@@ -206,184 +207,36 @@ def test_agreement_checks_show_their_number(nb):
         f"  cell {i}: {what}" for i, what in found)
 
 
-# Numbers the README (nbs/index.ipynb) quotes from a committed benchmark result are rebuilt here from that file: a
-# re-run that writes a new result and leaves the prose behind fails, and so does a number edited by hand.
-def _rows(result):
-    return {(r["model"], r["variant"]): r for r in result["rows"]}
+def test_readme_fits_on_a_screen_or_two():
+    "README.md is at most 10 KB (the rest lives in the usage guide, nbs/usage.md) and every image it shows exists."
+    readme = (REPO / "README.md").read_text()
+    size = len(readme.encode())
+    assert size <= 10 * 1024, f"README.md is {size:,} bytes (at most 10,240): move detail to nbs/usage.md"
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
+    assert images and all((REPO / p).is_file() for p in images), f"README images {images}: missing files"
+    assert "](nbs/usage.md)" in readme, "the README no longer links the usage guide"
 
 
-def _load_range(m, sep):
-    lo, hi = sorted((m["load_average_1min_start"], m["load_average_1min_end"]))
-    return f"{math.floor(lo)}–{math.ceil(hi)}" if sep == "–" else f"{m['load_average_1min_start']:.0f} → {m['load_average_1min_end']:.0f}"
+# In the SSD notebooks every check shows what it checked: a cell that asserts prints (or plots) its evidence.
+SHOWS_EVERY_CHECK = ("00_ssd", "00a_ssd_fast")
 
 
-ISA_NAMES = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX-512 BF16", "amx_tile": "AMX"}
+def checks_without_output(nb):
+    "(index, first line) of each code cell, neither exported nor hidden, that checks something and saved no output."
+    for i, cell in enumerate(nb["cells"]):
+        src = "".join(cell["source"])
+        if cell["cell_type"] != "code" or re.search(r"^\s*#\|\s*(export|hide)", src, flags=re.M): continue
+        if re.search(r"\bassert\b|\btest_(eq|fail|close)\(|\bcheck_(close|worst)\(", src) and not cell.get("outputs"):
+            yield i, src.strip().splitlines()[0][:60]
 
 
-def train_cpu_quotes(result):
-    rows, r, cpu = _rows(result), result["ratios"], lambda k: _rows(result)[k]["cpu_s_per_step"]["median"]
-    rss, m = lambda k: f"{rows[k]['peak_rss_mib']:,.0f}", result["machine"]
-    cpu_named = [f"{m['cpu_model']} ({', '.join(ISA_NAMES[f] for f in m['isa_flags'])})"] if "cpu_model" in m else []
-    return cpu_named + [f"step **{r['mamba3/gpt step/chunked cpu, 1 thread(s)']:.2f}×** the GPT's "
-            f"({cpu(('mamba3', 'step/chunked')):.2f} vs {cpu(('gpt', 'step/chunked')):.2f} s)",
-            f"backbone alone {r['mamba3/gpt backbone cpu, 1 thread(s)']:.2f}× "
-            f"({cpu(('mamba3', 'backbone')):.2f} vs {cpu(('gpt', 'backbone')):.2f} s)",
-            f"load average {_load_range(result['machine'], '–')}",
-            f"peak RSS **{rss(('mamba3', 'step/full'))} → {rss(('mamba3', 'step/chunked'))} MiB** (Mamba) and "
-            f"{rss(('gpt', 'step/full'))} → {rss(('gpt', 'step/chunked'))} MiB (GPT); step CPU time "
-            f"{r['mamba3 chunked/full cpu, 1 thread(s)']:.2f}× and {r['gpt chunked/full cpu, 1 thread(s)']:.2f}×"]
+def test_check_scan_catches_what_it_should():
+    cell = lambda src, out=(): {"cell_type": "code", "source": [src], "outputs": list(out)}
+    nb = {"cells": [cell("assert x"), cell("test_eq(a, b)", [{"text": "1"}]), cell("#| hide\nassert x"), cell("y = 1")]}
+    assert [i for i, _ in checks_without_output(nb)] == [0]
 
 
-def train_cpu_compile_quotes(result):
-    r, cpu = result["ratios"], lambda k: _rows(result)[k]["cpu_s_per_step"]["median"]
-    return [f"load average {_load_range(result['machine'], '→')}",
-            f"**{r['mamba3 compiled/eager cpu, 1 thread(s)']:.2f}×** the eager one's CPU time "
-            f"({cpu(('mamba3', 'step/compiled')):.2f} vs {cpu(('mamba3', 'step/chunked')):.2f} s)",
-            f"compiles for **{r['mamba3 compile cost, CPU s (first step - steady step)']:.0f} CPU-s**",
-            f"about **{round(r['mamba3 compile break-even, steps'], -1):,.0f} steps**"]
-
-
-def newest(pattern):
-    "The name of the newest committed bench/results file matching `pattern` (dated names sort by date)."
-    return sorted(p.name for p in (REPO / "bench" / "results").glob(pattern))[-1]
-
-
-def decode_cpu_quotes(result):
-    row = result["rows"]["this tree"]
-    return [f"**{row['tokens_per_s_median']:.1f} tokens/s**, {row['aten_ops_per_step']:,} aten ops per decode step",
-            f"load average {result['load_average_1min']:.0f})"]
-
-
-def ssd_mamba2_quotes(result):
-    ratios = [", ".join(f"{r['ratio_to_ssd_chunked']['ssd_minimal_discrete']:.2f}×" for r in run["rows"]) for run in result["runs"]]
-    return [f"`ssd_minimal_discrete` takes {ratios[0]} our time", f"and {ratios[1]} at T ="]
-
-
-def _traffic_totals(result):
-    return {r["phase"]: r["bytes"] / 1e9 for r in result["rows"] if r["kernel"] == "total"}
-
-
-def ssd_traffic_quotes(result):
-    total = _traffic_totals(result)
-    return [f"forward **{total['fwd']:.2f} GB**, forward + backward **{total['fwd+bwd']:.2f} GB**"]
-
-
-def ssd_traffic_official_quotes(result):
-    "The official op's counted totals, and ours over them (ours: the newest ssd_traffic result)."
-    theirs, ours = _traffic_totals(result), _traffic_totals(json.loads((REPO / "bench" / "results" / TRAFFIC).read_text()))
-    return [f"forward **{theirs['fwd']:.2f} GB**, forward + backward **{theirs['fwd+bwd']:.2f} GB**",
-            f"{ours['fwd'] / theirs['fwd']:.2f}× and {ours['fwd+bwd'] / theirs['fwd+bwd']:.2f}× its bytes",
-            re.search(r"mamba_ssm [^)]+", result["implementation"])[0]]
-
-
-TRAFFIC = newest("ssd_traffic_2???-??-??.json")
-TRAIN_CPU = newest("train_cpu_2???-??-??*.json")   # a second run of a day: train_cpu_<date>T<HHMM>.json
-QUOTED_RESULTS = {TRAIN_CPU: train_cpu_quotes, "decode_cpu_ops_2026-12-02.json": decode_cpu_quotes,
-                  newest("ssd_cpu_mamba2_2???-??-??.json"): ssd_mamba2_quotes, newest("train_cpu_compile_2???-??-??.json"): train_cpu_compile_quotes,
-                  TRAFFIC: ssd_traffic_quotes, newest("ssd_traffic_official_2???-??-??.json"): ssd_traffic_official_quotes}
-
-
-def markdown_text(nb):
-    "The markdown of a notebook, its whitespace runs joined into single spaces."
-    cells = json.loads(nb.read_text())["cells"]
-    return " ".join("\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").split())
-
-
-def index_text():
-    return markdown_text(REPO / "nbs" / "index.ipynb")
-
-
-def prose_texts():
-    "{where: joined text} of every notebook's markdown and bench/README.md: where a quoted result could be repeated."
-    texts = {nb.name: markdown_text(nb) for nb in sorted((REPO / "nbs").glob("*.ipynb"))}
-    return {**texts, "bench/README.md": " ".join((REPO / "bench" / "README.md").read_text().split())}
-
-
-@pytest.mark.parametrize("name", sorted(QUOTED_RESULTS))
-def test_index_quotes_the_committed_results(name):
-    "Each number index.ipynb quotes from a bench/results file is that file's number, and the file is named beside it."
-    text, quotes = index_text(), QUOTED_RESULTS[name](json.loads((REPO / "bench" / "results" / name).read_text()))
-    assert f"bench/results/{name}" in text, f"nbs/index.ipynb quotes bench/results/{name} without naming it"
-    missing = [q for q in quotes if q not in text]
-    assert not missing, f"nbs/index.ipynb does not quote bench/results/{name} as it is; expected:\n" + "\n".join(missing)
-
-
-def same_number(a: str, b: str) -> bool:
-    "Whether two quoted decimals agree at the coarser of their two precisions (3.90 and 3.903 do; 3.78 and 3.903 do not)."
-    places = min(len(x.partition(".")[2]) for x in (a, b))
-    return round(float(a), places) == round(float(b), places)
-
-
-# "Validation loss 10.815 → 3.903", "Validation loss (first 64 windows) 10.81 (step 0) → 4.77 (50) → … → **3.78 (300)**"
-VAL_LOSS_CHAIN = re.compile(r"[Vv]alidation loss(?: \([^)]*\))?(?: went)? \**(\d+\.\d+)\**(?: \([^)]*\))?\**((?: → \**\d+\.\d+\**(?: \([^)]*\))?\**)+)")
-
-
-def val_loss_quotes(text):
-    "(first, last) of each validation-loss chain quoted in `text`."
-    return [(m[1], re.findall(r"\d+\.\d+", re.sub(r"\([^)]*\)", "", m[2]))[-1]) for m in VAL_LOSS_CHAIN.finditer(text)]
-
-
-def gpt_ratio_parts(text):
-    "(part, its ratios) for each sentence or table cell of `text` that names the GPT and quotes `N.NN×` or `ratio N.NN`."
-    for part in re.split(r"(?<=[.;|])\s", text):
-        if "GPT" in part.replace("GPT-2", ""):
-            found = [r for r in re.findall(r"(\d+\.\d\d)×|ratio \**(\d+\.\d\d)", part) for r in r if r]
-            if found:
-                yield part, found
-
-
-def gpt_ratios(text):
-    "The Mamba-3 / GPT ratios quoted in `text`."
-    return [r for _, found in gpt_ratio_parts(text) for r in found]
-
-
-def test_the_quote_scans_find_what_they_should():
-    assert val_loss_quotes("Validation loss went **10.815 → 3.903** (first") == [("10.815", "3.903")]
-    assert val_loss_quotes("Validation loss (first 64 windows) 10.81 (step 0) → 4.77 (50) → **3.78 (300)**, 7") == [("10.81", "3.78")]
-    assert val_loss_quotes("validation loss on the first 64 tokens 6.285 → 6.239") == []
-    assert gpt_ratios("a same-size GPT 2,213 tokens/s — ratio **0.84**; at 2 × 1024. The SSD is 32.9× faster.") == ["0.84"]
-    assert gpt_ratios("| step **1.22×** the GPT's (2.82 vs 2.30 s) | GPT-2 BPE 3.50× |") == ["1.22"]
-    assert same_number("3.90", "3.903") and not same_number("3.78", "3.903")
-
-
-def test_quickstart_validation_loss_is_quoted_one_way():
-    "The quickstart's validation losses are quoted the same wherever they are given (any notebook, bench/README.md), and index's drop is their difference."
-    quotes = [(where, q) for where, text in prose_texts().items() for q in val_loss_quotes(text)]
-    (first, last), = val_loss_quotes(re.split(r"## Measured numbers", index_text())[0])[:1] or [(None, None)]
-    assert first, "index.ipynb no longer quotes the quickstart's validation loss where this test looks for it"
-    differ = [(where, q) for where, q in quotes if not (same_number(q[0], first) and same_number(q[1], last))]
-    assert not differ, f"index.ipynb quotes the quickstart's validation loss as {first} → {last}, elsewhere: {differ}"
-    drop = re.search(r"\*\*−(\d+\.\d+) nats\*\*", index_text())
-    assert drop and abs(float(first) - float(last) - float(drop[1])) < 0.006, (first, last, drop and drop[1])
-
-
-def test_gpt_ratios_are_the_committed_ones_everywhere():
-    """Any notebook or bench/README.md that quotes a Mamba-3 / GPT ratio quotes one that a committed
-    bench/results/train_cpu_*.json holds: the file its sentence names, else the newest."""
-    committed = lambda name: {f"{v:.2f}" for v in json.loads((REPO / "bench" / "results" / name).read_text())["ratios"].values()}
-    quoted, stray = [], []
-    for where, text in prose_texts().items():
-        for part, found in gpt_ratio_parts(text):
-            names = re.findall(r"train_cpu_2[0-9T-]+\.json", part) or [TRAIN_CPU]
-            held = set().union(*map(committed, names))
-            quoted += found
-            stray += [(where, names, r) for r in found if r not in held]
-    assert quoted, "no Mamba-3 / GPT ratio found: the scan no longer matches how index.ipynb quotes it"
-    assert not stray, f"ratios not in the train_cpu results their sentence names (or the newest, {TRAIN_CPU}): {stray}"
-
-
-def test_loss_notebook_quotes_the_committed_loss_bench():
-    "03a_loss's layout and chunk-size figures are those of the newest bench/results/loss_cpu_<date>.json, named beside them."
-    name = newest("loss_cpu_2???-??-??.json")
-    result = json.loads((REPO / "bench" / "results" / name).read_text())
-    r, c = result["ratios"], result["default_chunk"]
-    text = markdown_text(REPO / "nbs" / "03a_loss.ipynb")
-    base = next(k for k in r if k.startswith(f"loss chunk {c}: this tree / "))
-    quotes = [f"bench/results/{name}",
-              f"products {r['logits: view / row-major']:.1f}× and {r['weight gradient: G^T H / H^T G']:.1f}× slower",
-              f"{1 / r[base]:.1f}× slower, with the same values",
-              f"within {math.ceil(100 * abs(r[f'loss chunk 64 / chunk {c}'] - 1))}% of each other",
-              f"32-token chunks were {r[f'loss chunk 32 / chunk {c}']:.2f}× slower",
-              f"512-token ones {r[f'loss chunk 512 / chunk {c}']:.2f}×"]
-    missing = [q for q in quotes if q not in text]
-    assert not missing, f"nbs/03a_loss.ipynb does not quote bench/results/{name} as it is; expected:\n" + "\n".join(missing)
+@pytest.mark.parametrize("name", SHOWS_EVERY_CHECK)
+def test_every_check_shows_its_number(name):
+    found = list(checks_without_output(json.loads((REPO / "nbs" / f"{name}.ipynb").read_text())))
+    assert not found, f"{name}: cells that check without showing anything: {found}"

@@ -206,8 +206,8 @@ def test_greedy_generation_matches_recompute(preset, extra):
 
 def test_training_after_generate(monkeypatch):
     "The decode step's cached constants are made outside inference mode, so a backward after a generate can save them."
-    import mamba3_lite.ssd as ssd_mod
-    monkeypatch.setattr(ssd_mod, "_CONSTS", {})               # first asked for inside generate's inference mode
+    import mamba3_lite.ssd_fast as fast_mod
+    monkeypatch.setattr(fast_mod, "_CONSTS", {})              # first asked for inside generate's inference mode
     torch.manual_seed(0)
     model = Mamba3Transformer(ModelConfig.from_preset("tiny", n_layers=1))
     prompt = torch.randint(0, 50257, (1, 4))

@@ -1,8 +1,8 @@
-"""The README's shell commands, run as a reader would run them, with a tiny budget.
+"""The shell commands of the README and of the usage guide (nbs/usage.md), run as a reader would run them, with a tiny budget.
 
-README.md (rendered from nbs/index.ipynb) marks its fences: ```bash holds commands meant to run on a CPU, ```sh
+README.md (rendered from nbs/index.ipynb) and the usage guide mark their fences: ```bash holds commands meant to run on a CPU, ```sh
 holds commands that need a CUDA GPU. Every command of a ```bash fence (a `&&` chain counts as its parts) is either in
-`RUN` — run here, in README order, in one temporary directory, with the flags beside it appended to shrink its budget
+`RUN` — run here, in the order they are written (README first, then the guide), in one temporary directory, with the flags beside it appended to shrink its budget
 — or in `NOT_RUN` with the reason it is not run here. A README command in neither fails the test, so a new or
 changed command has to be classified. Each ```sh command must name the GPU it needs.
 
@@ -23,6 +23,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = os.environ.get("MAMBA3_LITE_GPT2_RANKS")
+DOCS = ("README.md", "nbs/usage.md")   # the README, then the usage guide it links
+
+
+def docs_text() -> str:
+    "The README and the usage guide, in reading order."
+    return "\n".join((ROOT / f).read_text(encoding="utf-8") for f in DOCS)
 
 # command as written in the README (comments dropped, continuations joined) -> flags appended to shrink its budget
 RUN = {
@@ -96,7 +102,7 @@ def test_extraction_joins_continuations_and_splits_chains():
 
 
 def test_every_readme_command_is_run_or_has_a_reason():
-    cmds = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+    cmds = readme_commands(docs_text())
     known = {norm(c) for c in [*RUN, *NOT_RUN]}
     assert not (unknown := [c for c in cmds["bash"] if c not in known]), f"README commands neither run nor listed: {unknown}"
     assert not (gone := sorted(known - set(cmds["bash"]))), f"listed here but no longer in the README: {gone}"
@@ -125,7 +131,7 @@ for cmd, extra in json.loads(sys.argv[1]):
 @pytest.mark.skipif(not RANKS, reason="needs the GPT-2 ranks (MAMBA3_LITE_GPT2_RANKS)")
 def test_readme_cpu_commands_run_in_order(tmp_path):
     run = {norm(c): extra for c, extra in RUN.items()}
-    cmds = [c for c in readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))["bash"] if c in run]
+    cmds = [c for c in readme_commands(docs_text())["bash"] if c in run]
     assert len(cmds) == len(run)
     _my_texts(tmp_path / "my_texts")
     (tmp_path / "configs").symlink_to(ROOT / "configs")        # the commands run from a clone's root
@@ -151,9 +157,9 @@ def test_readme_cpu_commands_run_in_order(tmp_path):
 
 
 def test_the_quoted_validation_coverage_is_the_quickstart_configs():
-    "The README's count of validation tokens an in-training evaluation covers is tiny_cpu's eval_batches × micro-batch × length."
+    "The usage guide's count of validation tokens an in-training evaluation covers is tiny_cpu's eval_batches × micro-batch × length."
     from mamba3_lite.config import load_config
     t = load_config("tiny_cpu")
     n = t.training.eval_batches * t.training.micro_batch_size * t.data.max_seq_len
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert f"covers the first {n:,} validation tokens" in readme, f"the README should say an evaluation covers {n:,} tokens"
+    docs = " ".join(docs_text().split())
+    assert f"covers the first {n:,} validation tokens" in docs, f"the usage guide should say an evaluation covers {n:,} tokens"

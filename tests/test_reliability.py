@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from mamba3_lite.testing import gpt2_available, run_captured
+from mamba3_lite.testing import gpt2_available, run_captured, run_in_mounts
 from mamba3_lite import cli as CLI
 from mamba3_lite import config as Cfg
 from mamba3_lite import optim as O
@@ -247,15 +247,13 @@ def test_checkpoint_that_matches_its_hashes_but_does_not_load_falls_back(tmp_pat
 
 
 def test_disk_full_while_saving_is_one_line(tmp_path):
-    if subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True).returncode:
-        pytest.skip("no unprivileged mount namespace for a small tmpfs")
     run = tmp_path / "small"
     run.mkdir()
     cfg = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=4, save_every=1))
-    script = (f"mount -t tmpfs -o size=4m none {run} && {sys.executable} -m mamba3_lite.cli train --config {cfg}")
-    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1, r.stderr[-2000:]
+    r = run_in_mounts([sys.executable, "-m", "mamba3_lite.cli", "train", "--config", cfg], [(run, "tmpfs", "4m", 4 << 20)],
+                      cwd=ROOT, env=ENV, timeout=120)
+    if r is None: pytest.skip("no unprivileged mount namespace for a small tmpfs")
+    assert r.returncode == 2, r.stderr[-2000:]
     assert one_line(r.stderr) and "disk full writing" in r.stderr and "bytes free" in r.stderr, r.stderr
     assert "checkpoints up to step" in r.stderr and "are intact" in r.stderr, r.stderr
 

@@ -19,7 +19,7 @@ import pytest
 from mamba3_lite import cli as CLI
 from mamba3_lite import train as T
 from mamba3_lite.checkpoint import CheckpointManager
-from mamba3_lite.testing import run_captured
+from mamba3_lite.testing import run_captured, run_in_mounts
 from test_reliability import ENV, QUIET, ROOT, one_line, tiny_cfg, train_records, write_yaml
 
 TRAIN = [sys.executable, "-m", "mamba3_lite.cli", "train"]
@@ -204,20 +204,17 @@ def test_a_rewind_killed_before_its_first_save_keeps_every_metrics_record(tmp_pa
 # 4 -- out of room: disk full (a small tmpfs) and the file-size limit (ulimit -f) -----------------------------------
 def in_small_tmpfs(tmp_path, run, command, free_bytes, size="1m"):
     "Run `command` with `run` on a fresh tmpfs of `size` that a filler file leaves `free_bytes` of (a user+mount namespace)."
-    if subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True).returncode:
-        pytest.skip("no unprivileged mount namespace for a small tmpfs")
     run.mkdir()
-    script = (f"mount -t tmpfs -o size={size} none {run} && head -c $(( $(stat -f -c '%b*%S' {run}) - {free_bytes} )) "
-              f"/dev/zero > {run}/filler && {shlex.join(command)}")
-    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    r = run_in_mounts(command, [(run, "tmpfs", size, free_bytes)], cwd=ROOT, env=ENV, timeout=300)
+    if r is None: pytest.skip("no unprivileged mount namespace for a small tmpfs")
+    return r
 
 
 def test_disk_full_writing_the_run_lock_is_one_line(tmp_path):
     run = tmp_path / "run"
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=2))
     r = in_small_tmpfs(tmp_path, run, TRAIN + ["--config", str(f)], free_bytes=0)
-    assert r.returncode == 1 and one_line(r.stderr), r.stderr[-3000:]
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr[-3000:]
     assert f"disk full writing {run / '.lock'} (0 bytes free): the run lock could not be taken" in r.stderr, r.stderr
 
 
@@ -227,10 +224,12 @@ def test_disk_full_writing_metrics_mid_run_is_one_line_and_leaves_whole_lines(tm
     script = TRAIN + ["--config", str(f)]
     r = in_small_tmpfs(tmp_path, run, ["sh", "-c", shlex.join(script) + f"; rc=$?; cat {run}/metrics.jsonl > "
                                        f"{tmp_path}/metrics.copy; exit $rc"], free_bytes=8192)   # the lock's page + one
-    assert r.returncode == 1 and one_line(r.stderr), r.stderr[-3000:]
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr[-3000:]
     assert f"disk full writing {run / 'metrics.jsonl'} (0 bytes free); the record was not written" in r.stderr, r.stderr
     lines = (tmp_path / "metrics.copy").read_text().splitlines(keepends=True)
     assert len(lines) >= 3 and all(line.endswith("\n") and json.loads(line) for line in lines)   # no torn line
+    printed = [line.split("|")[0] for line in r.stdout.splitlines() if line.startswith("step=")]
+    assert len(printed) == len(set(printed)), printed[-3:]                                   # each step's line once
 
 
 def limited(nbytes):
@@ -243,7 +242,7 @@ def test_a_file_size_limit_is_one_line_saying_so(tmp_path, limit):
     f = write_yaml(tmp_path / "c.yaml", tiny_cfg(run, max_steps=2))
     r = subprocess.run(TRAIN + ["--config", str(f)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300,
                        preexec_fn=limited(limit))
-    assert r.returncode == 1 and one_line(r.stderr), r.stderr[-3000:]
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr[-3000:]
     assert f"file-size limit (ulimit -f) of {limit} bytes reached writing {run}" in r.stderr, r.stderr
     assert "no checkpoint before step 2 is on disk" in r.stderr and "disk full" not in r.stderr, r.stderr
 
