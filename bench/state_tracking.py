@@ -116,7 +116,8 @@ def plot(result: dict, path: Path):
         for e in ends: cax.axvline(e, color="grey", ls=":", lw=1)
         cax.set(xlabel="training step (dotted: next curriculum stage)", ylim=(-10, 105),
                 ylabel=f"scaled accuracy at {best['curve_length']} (%)")
-        cax.legend(fontsize=7)
+        if any(b["curve"] for b in result["best"][task].values()): cax.legend(fontsize=7)
+        else: cax.text(0.5, 0.5, "no learning curve recorded", ha="center", transform=cax.transAxes, fontsize=8)
     fig.suptitle("top: trained up to the dotted length; bottom: learning curves of the chosen rates; 0 = chance, 100 = perfect",
                  fontsize=9)
     fig.tight_layout()
