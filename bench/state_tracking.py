@@ -15,6 +15,7 @@ at test length 256."""
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import time
@@ -94,34 +95,41 @@ def recipe_of(task: str, a) -> tuple:
 
 
 def plot(result: dict, path: Path):
+    "One column per task: scaled accuracy vs test length; the learning curves (scaled accuracy, training loss) of the chosen rates."
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     tasks = list(result["best"])
-    fig, axes = plt.subplots(2, len(tasks), figsize=(4.4 * len(tasks), 6.4), squeeze=False)
+    fig, axes = plt.subplots(3, len(tasks), figsize=(4.4 * len(tasks), 9.0), squeeze=False)
     for col, task in enumerate(tasks):
-        ax, cax = axes[0, col], axes[1, col]
-        for variant, best in result["best"][task].items():
+        ax, cax, lax = axes[:, col]
+        per = result["best"][task]
+        for variant, best in per.items():
             acc = best["scaled_accuracy"]
             line, = ax.plot([int(k) for k in acc], list(acc.values()), marker="o", label=f"{variant} (lr {best['lr']:g})")
             if best["curve"]:
-                cax.plot([c[0] for c in best["curve"]], [c[3] for c in best["curve"]], color=line.get_color(), label=variant)
+                steps = [c[0] for c in best["curve"]]
+                cax.plot(steps, [c[3] for c in best["curve"]], color=line.get_color(), label=variant)
+                lax.plot(steps, [c[2] for c in best["curve"]], color=line.get_color(), label=variant)
         stages = best["stages"]
         ax.axvline(max(stages), color="grey", ls=":", lw=1)
         ax.set(title=task, xscale="log", xlabel="test length", ylabel="scaled accuracy (%)", ylim=(-10, 105))
-        lengths = sorted({int(k) for b in result["best"][task].values() for k in b["scaled_accuracy"]})
+        lengths = sorted({int(k) for b in per.values() for k in b["scaled_accuracy"]})
         ax.minorticks_off(); ax.set_xticks(lengths); ax.set_xticklabels([str(n) for n in lengths])
         ax.legend(fontsize=7)
         ends = [sum(best["stage_steps"][:i + 1]) for i in range(len(stages) - 1)]
-        for e in ends: cax.axvline(e, color="grey", ls=":", lw=1)
-        cax.set(xlabel="training step (dotted: next curriculum stage)", ylim=(-10, 105),
-                ylabel=f"scaled accuracy at {best['curve_length']} (%)")
-        if any(b["curve"] for b in result["best"][task].values()): cax.legend(fontsize=7)
-        else: cax.text(0.5, 0.5, "no learning curve recorded", ha="center", transform=cax.transAxes, fontsize=8)
-    fig.suptitle("top: trained up to the dotted length; bottom: learning curves of the chosen rates; 0 = chance, 100 = perfect",
-                 fontsize=9)
+        for a in (cax, lax):
+            for e in ends: a.axvline(e, color="grey", ls=":", lw=1)
+        cax.set(ylim=(-10, 105), ylabel=f"scaled accuracy at {best['curve_length']} (%)")
+        lax.axhline(math.log(TASKS[task]), color="grey", ls="--", lw=1)
+        lax.set(xlabel="training step (dotted: next curriculum stage)", ylabel="training loss (dashed: chance, ln K)", ylim=(0, None))
+        if any(b["curve"] for b in per.values()): cax.legend(fontsize=7)
+        else:
+            for a in (cax, lax): a.text(0.5, 0.5, "no learning curve recorded", ha="center", transform=a.transAxes, fontsize=8)
+    fig.suptitle("top: trained up to the dotted length; 0 = chance, 100 = perfect\n"
+                 "middle and bottom: learning curves of the chosen rates (the loss of the step's batch)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
 
 
 def best_of(runs: list) -> dict:
