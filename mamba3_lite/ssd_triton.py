@@ -154,15 +154,15 @@ def _rotate(e, o, cs, sn):
     return e * cs - o * sn, e * sn + o * cs
 
 # %% ../nbs/01_ssd_triton.ipynb #c0a7e3f1
-# the annotation `NC: constexpr` of the chunk count that bounds the `tl.range` chunk loops: a runtime int when compiled
-# (no annotation), a constant under the interpreter, whose Triton 3.6 otherwise hands the loop a 1-element array that
-# range() cannot take with numpy >= 2.5; that interpreter reads the annotation's source text, so it is spelled so
+# the annotation `constexpr` of a runtime count that bounds a `tl.range` loop (chunks NC, heads H, groups G): a runtime
+# int when compiled (no annotation), a constant under the interpreter, whose Triton 3.6 otherwise hands the loop a
+# 1-element array that range() cannot take with numpy >= 2.5; that interpreter reads the annotation's source text
 constexpr = tl.constexpr if _INTERPRET else None
 
 
 # %% ../nbs/01_ssd_triton.ipynb #c4a1e002
 @triton.jit
-def _ssd_carry_kernel(turn_ptr, starts_ptr, phi0_ptr, phis_ptr, phit_ptr, H, S, NC, CB: tl.constexpr, SP: tl.constexpr,
+def _ssd_carry_kernel(turn_ptr, starts_ptr, phi0_ptr, phis_ptr, phit_ptr, H, S, NC: constexpr, CB: tl.constexpr, SP: tl.constexpr,
                       HAS_RST: tl.constexpr):
     """The angle carry into every chunk of one (batch, head), from the chunks' turns (`_ssd_scalars_kernel`): Φ₀ plus
     the turns of the chunks before, restarting after a chunk that holds a document start (from that chunk's own turn,
@@ -740,7 +740,7 @@ def _angle_pairs(N):
 
 # %% ../nbs/01_ssd_triton.ipynb #c4a1e005
 @triton.jit
-def _ssd_bwd_carry_kernel(du_ptr, starts_ptr, dphit_ptr, dturn_ptr, dphi0_ptr, H, S, NC, CB: tl.constexpr,
+def _ssd_bwd_carry_kernel(du_ptr, starts_ptr, dphit_ptr, dturn_ptr, dphi0_ptr, H, S, NC: constexpr, CB: tl.constexpr,
                           SP: tl.constexpr, HAS_RST: tl.constexpr):
     """The backward of `_ssd_carry_kernel` for one (batch, head): with G_c the gradient of the carry into chunk
     c, G_c = u_c + [no document start in chunk c] G_{c+1} and G_NC = dL/dΦ_T, where u_c is what chunk c's first document
@@ -912,7 +912,7 @@ def _tanh64(x):
 
 @triton.jit
 def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, adt_ptr, gam_ptr, sig_ptr, turn_ptr,
-                        starts_ptr, T, H, S, NC, OM_H, L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr,
+                        starts_ptr, T, H: constexpr, S, NC, OM_H, L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr,
                         HAS_RST: tl.constexpr, HAS_THETA: tl.constexpr, SHARED: tl.constexpr):
     """The per-token scalars of one chunk of one sequence, all H heads ((L, HP) tiles, HP >= H a power of two):
     ΔA (0 at a document start), γ = λΔ and σ_t = γ_t + ε_{t+1}, ε = (1 - λ)Δ (0 at a document start and past the
@@ -972,7 +972,7 @@ def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, adt_ptr
 # %% ../nbs/01_ssd_triton.ipynb #5c1a7e24
 @triton.jit
 def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, dadt_ptr, dgam_ptr, dsig_ptr, dom_ptr,
-                            ddta_ptr, dturn_ptr, ddt_ptr, da_ptr, dlam_ptr, dth_ptr, T, H, S, NC, OM_H, G, NJA,
+                            ddta_ptr, dturn_ptr, ddt_ptr, da_ptr, dlam_ptr, dth_ptr, T, H: constexpr, S, NC, OM_H, G: constexpr, NJA,
                             L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr, NJAP: tl.constexpr, HAS_RST: tl.constexpr,
                             HAS_THETA: tl.constexpr, SHARED: tl.constexpr):
     """The backward of `_ssd_scalars_kernel` for one chunk of one sequence: dΔ, dA, dλ from d(ΔA), dγ, dσ, with
