@@ -752,9 +752,8 @@ def _ssd_bwd_carry_kernel(du_ptr, starts_ptr, dphit_ptr, dturn_ptr, dphi0_ptr, H
     cc = tl.arange(0, CB)
     run = tl.load(dphit_ptr + bh * S + s, mask=ms, other=0.)                 # G_NC
     tl.store(dturn_ptr + (bh * NC + NC - 1) * S + s, run, mask=ms)            # the last chunk's turn reaches Φ_T
-    NB = (NC + CB - 1) // CB                                                 # blocks of CB chunks
-    for i in tl.range(0, NB):
-        c = (NB - 1 - i) * CB + cc
+    for i in tl.range(0, (NC + CB - 1) // CB):     # blocks of CB chunks, last first (inline: a local is a tensor
+        c = ((NC - 1) // CB - i) * CB + cc         # under Triton 3.6's interpreter, and range() cannot take it)
         mc = c < NC
         u = tl.load(du_ptr + (bh * NC + c)[:, None] * S + s[None, :], mask=mc[:, None] & ms[None, :], other=0.)
         if HAS_RST:
