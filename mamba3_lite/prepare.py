@@ -6,7 +6,7 @@
 __all__ = ['PARQUET_BATCH_ROWS', 'stdlib_corpus_files', 'iter_documents', 'MissingExtraError', 'require_extra',
            'iter_parquet_documents', 'is_saved_dataset', 'hf_dataset_source', 'iter_hf_documents', 'document_source',
            'check_prepare_settings', 'remove_stale_temps', 'PrepareWarning', 'val_batch_tokens', 'check_split_sizes',
-           'prepare_corpus']
+           'keep_tokenizer', 'corpus_tokens', 'prepare_corpus']
 
 # %% ../nbs/06a_prepare.ipynb #3d35e62f
 import hashlib
@@ -22,7 +22,7 @@ import numpy as np
 
 from .data import DTYPE_NAMES, SHARD_VERSION, Shard, shard_bytes, token_dtype_code, write_chunks_atomic
 from .files import TMP_SUFFIX, RunLock, file_digest, fsync_dir, list_input_files
-from .tokenizer import TOKENIZER_NAME, gpt2_encoding
+from .tokenizer import TOKENIZER_FILE, TOKENIZER_NAME, gpt2_encoding
 
 
 # %% ../nbs/06a_prepare.ipynb #74fdd573
@@ -218,7 +218,8 @@ def check_prepare_settings(shard_size_tokens, val_tokens, val_fraction, workers,
     return val_fraction
 
 # %% ../nbs/06a_prepare.ipynb #d9e1f3a5
-def _tokenize_into(writers: dict, documents, enc, workers: int, batch_bytes: int, val_tokens, val_fraction, max_tokens, bar) -> int:
+def _tokenize_into(writers: dict, documents, enc, workers: int, batch_bytes: int, val_tokens, val_fraction, max_tokens, bar,
+                   val_floor: int = 0) -> int:
     "Encode `documents` on `workers` threads into the train/val `writers`, in document order; returns the empty documents skipped."
     from collections import deque
     eos, seen, n_empty = enc.eot_token, 0, 0
@@ -231,7 +232,7 @@ def _tokenize_into(writers: dict, documents, enc, workers: int, batch_bytes: int
             doc = np.empty(toks.size + 1, dtype=np.uint32); doc[:-1] = toks; doc[-1] = eos
             seen += doc.size
             v = writers["val"]
-            to_val = v.n_tokens < val_tokens if val_tokens is not None else v.n_tokens < val_fraction * seen
+            to_val = v.n_tokens < val_tokens if val_tokens is not None else v.n_tokens < max(val_fraction * seen, val_floor)
             writers["val" if to_val else "train"].add(doc)
             full = max_tokens is not None and seen >= max_tokens
             if full: break
@@ -279,8 +280,8 @@ def _named(sources) -> str:
 
 def check_split_sizes(res: dict, val_tokens, val_fraction, config: str = "tiny_cpu"):
     """Refuse an empty train split (`ValueError`): no documents at all, one document (it cannot be split), or every
-    document taken by val; warn (`PrepareWarning`) when the val split is smaller than one batch of the packaged
-    `config`. Each message is one line saying what would work."""
+    document taken by val; warn (`PrepareWarning`) when the train split is less than twice the val split, or the val
+    split is smaller than one batch of the packaged `config`. Each message is one line saying what would work."""
     n_val, asked = res["val"]["n_tokens"], (f"--val-tokens {val_tokens}" if val_tokens is not None else f"--val-fraction {val_fraction}")
     docs, inputs = res["train"]["n_documents"] + res["val"]["n_documents"], _named(res["val"].get("sources", []))
     if docs == 0:
@@ -294,18 +295,46 @@ def check_split_sizes(res: dict, val_tokens, val_fraction, config: str = "tiny_c
     if res["train"]["n_tokens"] == 0:
         raise ValueError(f"no training tokens: all {res['val']['n_documents']:,} documents ({n_val:,} tokens) went to val "
                          f"({asked}); give a smaller --val-tokens or --val-fraction")
+    if (n_train := res["train"]["n_tokens"]) < 2 * n_val:
+        warnings.warn(f"the training split holds only {n_train:,} tokens, less than twice the validation split's {n_val:,} "
+                      f"({asked}): most of the corpus is held out; give a smaller --val-tokens, or leave both out "
+                      "(1% of the corpus, at least one batch)", PrepareWarning)
     if n_val < (need := val_batch_tokens(config)):
         warnings.warn(f"the validation split holds {n_val:,} tokens ({asked}), fewer than one batch of the {config} config "
                       f"({need:,} tokens), so train will refuse it: rerun with --val-tokens {need} (or a larger --val-fraction)",
                       PrepareWarning)
+
+# %% ../nbs/06a_prepare.ipynb #c3bed10d
+def keep_tokenizer(enc, directory) -> Path:
+    "Copy a Hugging Face tokenizer's `tokenizer.json` into `directory` (a corpus, run or model directory); None for GPT-2."
+    src = getattr(enc, "path", None)
+    if src is None: return None
+    dest = Path(directory) / TOKENIZER_FILE
+    if not (dest.is_file() and file_digest(dest)["sha256"] == enc.sha256):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        data = Path(src).read_bytes()
+        write_chunks_atomic(dest, (data,))
+    return dest
+
+
+def corpus_tokens(inputs, include=None, text_field: str = "text", encoding=None, workers: int = 1) -> int:
+    """The tokens `prepare_corpus` would write for `inputs` (an EOS after each non-empty document): a first pass for a
+    split that scales with the corpus (the quickstart's `--val-tokens` default)."""
+    documents, _, _ = document_source(inputs, include, text_field)
+    enc = encoding if encoding is not None else gpt2_encoding()
+    texts = [text for text, _ in documents]
+    batches = [texts[i:i + 64] for i in range(0, len(texts), 64)]
+    with ThreadPoolExecutor(workers) as pool:
+        return sum(t.size + 1 for toks in pool.map(lambda b: _encode_texts(enc, b), batches) for t in toks if t.size)
 
 # %% ../nbs/06a_prepare.ipynb #cb59f89d
 def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens: int = None, val_fraction: float = None,
                    include=None, workers: int = 1, text_field: str = "text", encoding=None, bpe_file=None,
                    progress: bool = True, batch_bytes: int = 1 << 18, max_tokens: int = None, hf_dataset=None,
                    hf_config: str = None, hf_split: str = "train", hf_data_files=None) -> dict:
-    "Tokenize `inputs` (files/dirs/.jsonl/.parquet) or a Hugging Face dataset with GPT-2 BPE into `out/train` and `out/val` shards; returns both manifests."
+    "Tokenize `inputs` (files/dirs/.jsonl/.parquet) or a Hugging Face dataset (GPT-2 BPE, or `encoding`) into `out/train` and `out/val` shards; returns both manifests."
     from tqdm.auto import tqdm
+    floor = val_batch_tokens() if val_tokens is None and val_fraction is None else 0   # the default: 1%, at least one batch
     val_fraction = check_prepare_settings(shard_size_tokens, val_tokens, val_fraction, workers, max_tokens)
     documents, sources, total_bytes = document_source(inputs, include, text_field, hf_dataset, hf_config, hf_split, hf_data_files)
     enc = encoding if encoding is not None else gpt2_encoding(bpe_file)
@@ -314,10 +343,11 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
     if out.exists() and not out.is_dir(): raise NotADirectoryError(f"--out {out} exists and is not a directory")
     meta = {"format": "mamba3-lite-shards", "version": SHARD_VERSION, "tokenizer": enc.name if enc.name != "r50k_base" else TOKENIZER_NAME,
             "vocab_size": vocab, "eos_id": eos, "dtype": DTYPE_NAMES[token_dtype_code(vocab)], "shard_size_tokens": shard_size_tokens,
-            "val_tokens": val_tokens, "val_fraction": val_fraction, "text_field": text_field,
+            "val_tokens": val_tokens, "val_fraction": val_fraction, **({"val_floor": floor} if floor else {}), "text_field": text_field,
             "sources": sources, **({"max_tokens": max_tokens} if max_tokens is not None else {})}
     with RunLock(out):                                  # one prepare per output directory; the kernel drops it on any exit
         remove_stale_temps(out)
+        keep_tokenizer(enc, out)                        # the corpus carries its tokenizer.json (not for GPT-2)
         done = _finished_output(out, meta)
         if done is not None: return done
         for s in ("train", "val"):                      # uncommit an earlier run first: its manifests must not vouch
@@ -325,7 +355,7 @@ def prepare_corpus(inputs, out, shard_size_tokens: int = 50_000_000, val_tokens:
                 (out / s / "manifest.json").unlink(); fsync_dir(out / s)
         writers = {s: _SplitWriter(out / s, shard_size_tokens, vocab, eos) for s in ("train", "val")}
         with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress) as bar:
-            n_empty = _tokenize_into(writers, documents, enc, workers, batch_bytes, val_tokens, val_fraction, max_tokens, bar)
+            n_empty = _tokenize_into(writers, documents, enc, workers, batch_bytes, val_tokens, val_fraction, max_tokens, bar, floor)
         res = {s: w.finish({**meta, "split": s, "n_empty_documents_skipped": n_empty}) for s, w in writers.items()}
         check_split_sizes(res, val_tokens, val_fraction)    # an empty train split refuses here: nothing committed
         for s in ("val", "train"): writers[s].commit(res[s])   # manifests last: the commit record of each split

@@ -415,7 +415,8 @@ def banner(self: Pretrainer) -> list:
 @patch
 def _banner_run(self: Pretrainer, pb, dev, w, per, nt, name, left) -> list:
     t = self.config.training
-    return [f"[train] {pb['total']:,} parameters ({pb['total'] - pb['embedding (tied head)']:,} non-embedding) | world size {w} | "
+    mc = self.model_config
+    return [f"[train] {pb['total']:,} parameters ({pb['total'] - mc.vocab_size * mc.d_model * (2 - mc.tie_embeddings):,} non-embedding) | world size {w} | "
             f"device {dev}{f' ({name})' * bool(name)}, {'fp32' if self.autocast_dtype is None else 'bf16 autocast'}, {nt} CPU thread{'s' * (nt > 1)}",
             f"[train] {t.micro_batch_size} micro-batch x {t.gradient_accumulation_steps} accumulation x {w} rank{'s' * (w > 1)} "
             f"x {self.config.data.max_seq_len} tokens = {per:,} tokens per optimizer step",
