@@ -24,6 +24,7 @@ import yaml
 from .checkpoint import CheckpointManager
 from .config import TrainingConfig, config_to_dict, load_config
 from .files import atomic_write
+from .tokenizer import TOKENIZER_FILE, TOKENIZER_NAME, tokenizer_file
 from .model import PRESETS, Mamba3Transformer, ModelConfig, check_fits_in_memory
 from .evaluate import load_trained
 
@@ -355,8 +356,10 @@ def export_run(checkpoint_dir, out_dir, step: int = None, torch_bin: bool = True
     taken = [name for name in ("config.json", *WEIGHT_FILES) if (Path(out_dir) / name).exists()]
     if taken:
         raise ValueError(f"{Path(out_dir) / taken[0]}: already exists; export into a new directory (nothing was written)")
-    model, _, meta = load_trained(checkpoint_dir, step, log=lambda s: None)
+    model, cfg, meta = load_trained(checkpoint_dir, step, log=lambda s: None)
     save_pretrained(model, out_dir, torch_bin=torch_bin)
+    if cfg.data.tokenizer != TOKENIZER_NAME:            # the run's tokenizer.json goes with the weights
+        _copy_file(tokenizer_file(cfg.data.tokenizer), Path(out_dir) / TOKENIZER_FILE)
     return {"step": meta["step"], "out_dir": str(out_dir), "files": sorted(p.name for p in Path(out_dir).iterdir())}
 
 
@@ -366,8 +369,14 @@ def _run_model_section(cfg: ModelConfig) -> dict:
     return {"preset": same[0]} if same else {"preset": "tiny", **dataclasses.asdict(cfg)}
 
 
-def import_run(source, checkpoint_dir, base_config=None) -> dict:
-    "Convert an official-layout model (directory or hub id) into step 0 of a new run directory, plus its config.yaml."
+def _copy_file(src: Path, dest: Path):
+    data = Path(src).read_bytes()
+    atomic_write(dest, lambda p: Path(p).write_bytes(data))
+
+
+def import_run(source, checkpoint_dir, base_config=None, tokenizer=None) -> dict:
+    """Convert an official-layout model (directory or hub id) into step 0 of a new run directory, plus its config.yaml;
+    the run keeps `tokenizer` (a tokenizer.json, or a directory holding one), else the model directory's tokenizer.json."""
     checkpoint_dir = Path(checkpoint_dir)
     mgr = CheckpointManager(checkpoint_dir)
     if mgr.list_steps():
@@ -377,6 +386,11 @@ def import_run(source, checkpoint_dir, base_config=None) -> dict:
     cfg = dataclasses.replace(cfg, model=_run_model_section(model.config),    # data path absolute, as `train` stores it
                               data=dataclasses.replace(cfg.data, data_path=os.path.abspath(cfg.data.data_path)),
                               training=dataclasses.replace(cfg.training, checkpoint_dir=str(checkpoint_dir)))
+    tok = tokenizer_file(tokenizer) if tokenizer is not None else Path(source) / TOKENIZER_FILE
+    if tok.is_file():                                   # the run records its own copy (05_tokenizer)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        _copy_file(tok, checkpoint_dir / TOKENIZER_FILE)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str((checkpoint_dir / TOKENIZER_FILE).absolute())))
     plain = config_to_dict(cfg)
     mgr.save(model, None, 0, extra_meta={"config": plain, "tag": "import", "imported_from": str(source)})
     atomic_write(checkpoint_dir / "config.yaml", lambda p: p.write_text(yaml.safe_dump(plain, sort_keys=False)))

@@ -190,7 +190,8 @@ class HFTokenizer:
     def encode_to_numpy(self, text: str, disallowed_special=()):
         import numpy as np
         return np.asarray(self.encode_ordinary(text), dtype=np.uint32)
-    def encode(self, text: str, **_) -> list: return self._tok.encode(text).ids     # a prompt: the tokenizer's own template
+    def encode(self, text: str, **_) -> list: return self._tok.encode(text, add_special_tokens=False).ids   # specials read as such
+    def encode_prompt(self, text: str) -> list: return self._tok.encode(text).ids  # with the tokenizer's template (e.g. a BOS)
     def decode(self, ids) -> str: return self._tok.decode(list(ids), skip_special_tokens=False)
     def decode_bytes(self, ids) -> bytes: return self.decode(ids).encode("utf-8")
     def __repr__(self): return f"HFTokenizer({str(self.path)!r}, {self.n_vocab:,} ids, EOS {self.eos_name} = {self.eot_token})"
