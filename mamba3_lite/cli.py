@@ -572,7 +572,7 @@ def generate_cli(argv=None) -> int:
             raise ValueError("need --temperature >= 0, 0 < --top-p <= 1 and --top-k >= 0")
         device = resolve_device(a.device)
         model, cfg, what, _ = load_model(a.checkpoint_dir, a.step, device)
-        apply_num_threads(cfg.training.num_threads, device, strict=False)
+        apply_num_threads(cfg.training.num_threads, device, strict=False, log=lambda s: print(s, file=sys.stderr))  # stdout: the text
         enc = command_tokenizer(a.tokenizer, cfg, what.get("model_dir"), model.config.vocab_size)
         ids = enc.encode_prompt(a.prompt) if hasattr(enc, "encode_prompt") else enc.encode(a.prompt, allowed_special={"<|endoftext|>"})
         if not ids:
@@ -768,7 +768,9 @@ def quickstart_cli(argv=None) -> int:
         s = quickstart(args)
         first, final = s["first_eval_loss"], s["final_eval_loss"]
         loss = f"{first:.3f} -> {final:.3f} (down {first - final:.2f} nats" if s["steps_trained"] else f"{final:.3f} (at step {s['final_step']}"
-        print(f"\n[quickstart] validation loss {loss}, on the {s['eval_coverage']}; `eval` reads them all) "
+        cov = s["eval_coverage"]
+        cov = ("the " + cov + "; `eval` reads them all") if cov.startswith("first") else cov
+        print(f"\n[quickstart] validation loss {loss}, evaluated on {cov}) "
               f"in {s['steps_trained']:,} steps, {s['tokens_trained']:,} tokens, {s['total_wall_time_s'] / 60:.1f} min"
               + ("" if s["steps_trained"] else ": the run was already there, nothing trained"))
         run = shlex.quote(str(args.run_dir))

@@ -264,8 +264,7 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     meta = self.ckpt.read_meta(step)
     target = FullModelView(self.raw_model) if self.sharded else self.raw_model
     if "data_position" not in meta and "optim" not in meta["files"]:   # weights only, e.g. `mamba3-lite import`
-        meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True,   # warns: no optimizer state
-                              optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded))
+        meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True)   # (no optimizer: said once, below)
         self.log(f"[resume] checkpoint step {step} holds weights only: optimizer, schedule and data order start fresh")
         self.step = meta["step"]
         return self.step
