@@ -30,7 +30,7 @@ __all__ = ['SEED_MAX', 'SEED_MAX_TEXT', 'RESUME_META', 'MODEL_KNOBS_ON_RESUME', 
            'CPU_FAILING_COMPILE_MODES', 'ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'check_ranges',
            'config_from_dict', 'config_to_dict', 'ConfigLoader', 'packaged_configs', 'config_path', 'load_config',
            'apply_overrides', 'apply_triton_opt_in', 'build_model_config', 'check_resume_meta', 'config_changes',
-           'refused_changes', 'dry_run_config', 'default_run_dir', 'check_device', 'physical_cores', 'busy_cores',
+           'refused_changes', 'default_run_dir', 'dry_run_config', 'check_device', 'physical_cores', 'busy_cores',
            'auto_threads', 'logical_cpus', 'apply_num_threads', 'compile_mode_for']
 
 # %% ../nbs/09_config.ipynb #a2abc34a
@@ -318,6 +318,13 @@ def refused_changes(changes: list) -> list:
     return [c for c in changes if c[0] in FIXED_ON_RESUME
             or (c[0].startswith("model.") and c[0].split(".", 1)[1] not in MODEL_KNOBS_ON_RESUME)]
 
+# %% ../nbs/09_config.ipynb #aa0d16ab
+def default_run_dir(cfg: TrainingConfig) -> str:
+    "The run directory of a config that names none: `runs/<preset>-<corpus name>`."
+    p = Path(os.path.abspath(cfg.data.data_path))
+    corpus = "dummy" if cfg.data.dummy else (p.parent.name if p.name == "data" else p.name)
+    return str(Path("runs") / re.sub(r"[^\w.-]+", "-", f"{cfg.model.get('preset', 'tiny')}-{corpus}"))
+
 # %% ../nbs/09_config.ipynb #9741adec
 def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
     "The 2-step wiring-check version of `cfg`."
@@ -328,13 +335,6 @@ def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
     return dataclasses.replace(cfg, training=dataclasses.replace(
         t, dry_run=True, max_steps=2, log_every=1, eval_every=2, eval_batches=1, save_every=2,
         warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(checkpoint_dir)))
-
-# %% ../nbs/09_config.ipynb #aa0d16ab
-def default_run_dir(cfg: TrainingConfig) -> str:
-    "The run directory of a config that names none: `runs/<preset>-<corpus name>`."
-    p = Path(os.path.abspath(cfg.data.data_path))
-    corpus = "dummy" if cfg.data.dummy else (p.parent.name if p.name == "data" else p.name)
-    return str(Path("runs") / re.sub(r"[^\w.-]+", "-", f"{cfg.model.get('preset', 'tiny')}-{corpus}"))
 
 # %% ../nbs/09_config.ipynb #c0df0832
 def check_device(cfg: TrainingConfig, cuda_available: bool) -> TrainingConfig:
