@@ -7,7 +7,7 @@ __all__ = ['GPT2_VOCAB_SIZE', 'GPT2_EOS_ID', 'GPT2_RANKS_SHA256', 'R50K_URL', 'R
            'WHISPER_ARCHIVE', 'WHISPER_ARCHIVE_URL', 'WHISPER_SDIST_SHA256', 'WHISPER_MEMBER', 'TOKENIZER_HELP',
            'PYPI_SIMPLE', 'WHISPER_PROJECT', 'TOKENIZER_FILE', 'EOS_NAMES', 'TokenizerUnavailableError',
            'tiktoken_cache_dir', 'r50k_cache_path', 'gpt2_encoding', 'install_tokenizer', 'ranks_from_index',
-           'HFTokenizer', 'tokenizer_file', 'load_tokenizer', 'tokenizer_name']
+           'MissingExtraError', 'require_extra', 'HFTokenizer', 'tokenizer_file', 'load_tokenizer', 'tokenizer_name']
 
 # %% ../nbs/05_tokenizer.ipynb #1c72fbf0
 import base64
@@ -155,6 +155,18 @@ def ranks_from_index(workdir, index_url: str = PYPI_SIMPLE, archive_sha256: str 
     return out
 
 # %% ../nbs/05_tokenizer.ipynb #8f8aaf3f
+class MissingExtraError(RuntimeError):
+    "An optional dependency is not installed; the message names the `pip install 'mamba3-lite[...]'` that brings it."
+
+def require_extra(module: str, extra: str, what: str):
+    "Import and return `module`, or raise `MissingExtraError` naming the extra that provides it."
+    import importlib
+    try: return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(f"{what} needs the Python package {module!r}, which is not installed ({e}); "
+                                f"install it with: pip install 'mamba3-lite[{extra}]'") from None
+
+
 TOKENIZER_FILE = "tokenizer.json"
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")   # the end-of-text tokens of common tokenizers
 
@@ -170,7 +182,6 @@ def _eos_from_config(path: Path):
 class HFTokenizer:
     "A Hugging Face `tokenizer.json` behind the part of tiktoken's `Encoding` interface this package uses."
     def __init__(self, path, eos_token: str = None):
-        from mamba3_lite.prepare import require_extra
         tk = require_extra("tokenizers", "tokenizers", f"the tokenizer {path}")
         self.path = Path(path)
         try: self._tok = tk.Tokenizer.from_file(str(self.path))

@@ -76,9 +76,10 @@ def manifest(d: Path, split: str) -> dict:
 @needs_ranks
 def test_a_small_corpus_keeps_most_of_itself_for_training_and_a_large_val_split_is_said_loudly(tmp_path):
     texts = documents(tmp_path / "my_texts", 18)               # 18 documents, ~74k tokens
-    rc, out, err = cli_process(["quickstart", "--data-path", "my_texts", "--max-steps", "1", "--max-new-tokens", "4"], tmp_path)
+    rc, out, err = cli_process(["quickstart", "--data-path", "my_texts", "--max-steps", "1", "--max-new-tokens", "4",
+                                "--run-dir", "runs/q"], tmp_path)
     assert rc == 0, err[-2000:]
-    data = tmp_path / "runs" / "quickstart-my_texts" / "data"
+    data = tmp_path / "runs" / "q" / "data"
     n = {s: manifest(data, s)["n_documents"] for s in ("train", "val")}
     assert n == {"train": 17, "val": 1}, n                     # 1% of the corpus, at least one batch: one document
     assert "are held out for validation" in out and "[quickstart] train: " in out and "evaluated on " in out, out
@@ -165,7 +166,7 @@ def test_the_first_step_time_is_printed_as_soon_as_it_is_known(tmp_path):
 @needs_ranks
 def test_two_corpora_trained_from_one_directory_get_a_run_directory_each(tmp_path):
     for name in ("mine", "other"):
-        documents(tmp_path / f"{name}_texts", 3, reps=60 if name == "mine" else 70)
+        documents(tmp_path / f"{name}_texts", 4, reps=148 if name == "mine" else 150)
         assert cli(["prepare", f"{name}_texts", "--out", f"data/{name}", "--quiet"], tmp_path)[0] == 0
     for name in ("mine", "other", "mine"):                      # the second "mine" continues its own run
         rc, out, err = cli(["train", "--config", "tiny_cpu", "--data-path", f"data/{name}", "--max-steps", "1",
