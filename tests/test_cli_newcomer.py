@@ -168,13 +168,16 @@ def test_two_corpora_trained_from_one_directory_get_a_run_directory_each(tmp_pat
     for name in ("mine", "other"):
         documents(tmp_path / f"{name}_texts", 4, reps=148 if name == "mine" else 150)
         assert cli(["prepare", f"{name}_texts", "--out", f"data/{name}", "--quiet"], tmp_path)[0] == 0
+    outs = []
     for name in ("mine", "other", "mine"):                      # the second "mine" continues its own run
         rc, out, err = cli(["train", "--config", "tiny_cpu", "--data-path", f"data/{name}", "--max-steps", "1",
                             "--set", "training.eval_batches=1"], tmp_path)
         assert rc == 0, err[-2000:]
+        outs.append(out)
+    for name, out in zip(("mine", "other", "mine"), outs):
         assert f"[train] run directory {tmp_path / 'runs' / ('tiny-' + name)}" in out, out
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["tiny-mine", "tiny-other"]
-    assert "already finished: step 1" in out                    # the rerun found its own run
+    assert "already finished: step 1" in outs[-1]               # the rerun found its own run
 
 
 # ------------------------------------------------------------------------------------------ 5. a resumed run's schedule

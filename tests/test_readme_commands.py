@@ -164,6 +164,8 @@ def test_readme_cpu_commands_run_in_order(tmp_path):
     for run_dir in ("runs/quickstart-my_texts/checkpoints", "runs/tiny-mine", "runs/tiny-quickstart"):
         assert (tmp_path / run_dir / "meta_step_1.json").is_file(), run_dir
     assert list((q / "checkpoints").glob("lm_eval_step2_python_qa.json")), "the example lm-eval task left no results"
+    (done,) = [l for l in r.stdout.splitlines() if l.startswith("done: ") and "runs/imported" in l]
+    assert " at step 1 (" in done and " -> " not in done.split(" | ")[1], done    # one evaluation: one loss, not "x -> x"
     imported = yaml.safe_load((tmp_path / "runs" / "imported" / "config.yaml").read_text())["training"]["checkpoint_dir"]
     assert Path(imported).is_absolute() and Path(imported).resolve() == (tmp_path / "runs" / "imported").resolve()
 
