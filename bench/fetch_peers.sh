@@ -2,7 +2,7 @@
 # Put the GPU suite's peers into bench/peers/ (git-ignored), for a GPU machine that has no network: run it here,
 # then carry bench/peers with the device command (bench/README.md gives the call).
 #
-#   bash bench/fetch_peers.sh          # fla-core + einops wheels, a pure-Python mamba_ssm wheel, fastcore
+#   bash bench/fetch_peers.sh          # fla-core + einops wheels, a pure-Python mamba_ssm wheel, fastcore, blake3
 #
 # - fla-core and einops: pure-Python wheels from PyPI (fla's chunk_simple_gla is a timing peer).
 # - mamba_ssm: built here from the mamba-ssm sdist with MAMBA_SKIP_CUDA_BUILD=TRUE and MAMBA_FORCE_BUILD=TRUE
@@ -11,7 +11,10 @@
 #   which needs the CUDA extensions.
 # - fastcore and blake3: package requirements the GPU image lacks (fastcore is pure Python; blake3 is the one
 #   compiled wheel here, for the image's CPython 3.12 on manylinux x86_64); fastcore also serves the notebooks'
-#   test cells (bench/gpu_cells.py).
+#   test cells (bench/gpu_cells.py). The image has the rest of what the suite imports (IMAGE_HAS below, import
+#   names: its package list holds tqdm, pyyaml, safetensors, tiktoken, tokenizers, matplotlib, einops, pytest).
+#   The last step checks that: every module the suite's scripts import (bench/gpu_env.py --lacking, the list the env
+#   section imports) is in IMAGE_HAS or in a wheel here, else it fails naming the module to add.
 # - gpt2.tiktoken: the GPT-2 BPE ranks (sha256 checked), copied from $MAMBA3_LITE_GPT2_RANKS or
 #   ~/.cache/mamba3-lite/gpt2.tiktoken, so that the e2e smoke tokenizes real text there (the suite points
 #   MAMBA3_LITE_GPT2_RANKS at it); without it the smoke says so and uses synthetic token shards.
@@ -29,6 +32,8 @@ MAMBA_VERSION=2.3.2.post1
 FASTCORE_VERSION=1.14.5
 BLAKE3_VERSION=1.0.11
 DEVICE_PY=3.12   # the GPU image's python3
+# the GPU image's packages the suite may import, as import names (bench/README.md, "running the suite on a remote device")
+IMAGE_HAS="torch triton numpy einops tqdm safetensors tiktoken tiktoken_ext tokenizers yaml matplotlib pytest"
 PEERS=bench/peers
 die() { echo "fetch_peers.sh: $*" >&2; exit 1; }
 
@@ -75,6 +80,8 @@ fi
 for w in "$PEERS"/*.whl; do
   [[ "$w" == *-none-any.whl || "$w" == */blake3-* ]] || die "$w is not a pure-Python wheel"
 done
+echo "== what the suite imports: the image's packages ($IMAGE_HAS) + these wheels"
+"$PYTHON" bench/gpu_env.py --lacking "$IMAGE_HAS" "$PEERS" || die "add a wheel for the module named above"
 total=$(du -sk "$PEERS" | cut -f1)
 (( total < 16384 )) || die "$PEERS holds ${total} KiB; the device tool carries 64 MiB in all with the tree"
 ls -l "$PEERS"

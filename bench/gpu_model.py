@@ -45,3 +45,19 @@ def bound(gpu, bytes=0, dot_flops=0, flops=0, programs=0, serial_steps=0):
     terms = dict(memory=bytes / g["bandwidth"], math=dot_flops / g["tensor"] + flops / g["fp32"],
                  latency=waves(programs, gpu) * serial_steps * STEP_S)
     return max(terms, key=terms.get)
+
+
+def gpu_from_name(device_name):
+    """The `GPUS` key of the GPU that `torch.cuda.get_device_name()` calls `device_name`, or None when the table does not
+    hold that card: the PCIe and NVL boards, the 40 GB A100 and the H100 PCIe differ in bandwidth or peak from the SXM
+    parts listed. 'NVIDIA A100-SXM4-80GB' -> 'A100-80GB', 'NVIDIA H100 80GB HBM3' -> 'H100-SXM', 'NVIDIA H200' -> 'H200'."""
+    name = (device_name or "").upper()
+    if "PCIE" in name or "NVL" in name:
+        return None
+    if "A100" in name and "SXM" in name and "80GB" in name:
+        return "A100-80GB"
+    if "H100" in name and ("HBM3" in name or "SXM" in name):
+        return "H100-SXM"
+    if "H200" in name:
+        return "H200"
+    return None

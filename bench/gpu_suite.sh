@@ -2,21 +2,24 @@
 # The project's GPU check and benchmark command: sections in priority order, each under its own time cap, each
 # result gathered the moment its section ends, so a suite stopped at any point keeps what finished.
 #
-#   bash bench/gpu_suite.sh --budget 420                              # first device command (bench/README.md)
-#   bash bench/gpu_suite.sh --budget 270 --section e2e_smoke,kernel_sweep   # second command, same warm machine
+#   bash bench/gpu_suite.sh --budget 390                              # first device command (bench/README.md)
+#   bash bench/gpu_suite.sh --budget 200 --section model,e2e_smoke    # a targeted rerun: the line the first printed
 #   bash bench/gpu_suite.sh --smoke --cpu                             # no GPU: the whole harness, Triton interpreter
 #
-# --budget S: seconds for the whole run (default 420; 2400 with --cpu). --section a,b: only these sections (env
+# --budget S: seconds for the whole run (default 390; 2400 with --cpu). --section a,b: only these sections (env
 # always runs). --smoke: fewer timing reps (with --cpu: tiny shapes through the Triton interpreter, no compile).
 #
 # Sections, in the order they run (caps in seconds, GPU / --cpu):
-#   env           25 /   60  versions, device, peers importable, measured copy bandwidth and bf16 matmul rate
-#   kernel_check  80 /  300  ssd_triton vs ssd_chunked at the 434M layer shape, fp32 and bf16, values + gradients
-#   kernel_bench  90 /  400  fwd and fwd+bwd at b16 T2048 H32 P64 N128 vs ssd_chunked eager, the official
-#                            mamba3_siso_combined and fla chunk_simple_gla; GB/s, TFLOP/s, % of roofline
-#   model         80 /  300  434M fwd+bwd tokens/s, MFU, peak memory, bf16, Triton SSD, 16 x 2048, with and
-#                            without gradient checkpointing (then the PyTorch SSD, if time is left)
-#   train_step   100 /  300  434M training step, 16 x 2048: eager, then compiled (torch.compile default mode)
+#   env           40 /   60  every module the suite needs imports (else exit 4 naming it: the suite stops there),
+#                            versions, device and its datasheet row, peers, measured copy bandwidth and bf16 matmul rate
+#   kernel_check  90 /  300  ssd_triton vs ssd_chunked at the 434M layer shape, fp32 and bf16, values + gradients, on
+#                            the training path (shared B/C + per-head biases) with and without restarts, and per head
+#   train_step   150 /  300  the production config (configs/pretrain_a100_400m.yaml: 434M, 16 x 2048 x accum 2,
+#                            checkpointing): eager, then compiled in the config's compile mode; tokens/s, MFU, peak GiB
+#   kernel_bench  80 /  400  fwd and fwd+bwd at b16 T2048 H32 P64 N128 vs ssd_chunked eager, the official
+#                            mamba3_siso_combined and fla chunk_simple_gla; GB/s, TFLOP/s, % of the GPU's roofline
+#   model         70 /  300  434M fwd+bwd tokens/s, MFU, peak memory, bf16, Triton SSD, 16 x 2048, with gradient
+#                            checkpointing, then without where it fits (bench/model_memory.py), then the PyTorch SSD
 #   e2e_smoke    150 /  900  end-to-end smoke: kernel, data, bf16 model, checkpoint, 20-step compiled run, generation
 #   doc_reset     40 /  300  tiny model fwd+bwd with and without document restarts (seq_idx), interleaved
 #   kernel_sweep 240 /    -  only with --section: T 512 / 8192, chunk 32 / 128, ssd_chunked under torch.compile,
@@ -35,20 +38,22 @@
 # them fla and the official kernel are reported unavailable. bench/peers/gpt2.tiktoken becomes MAMBA3_LITE_GPT2_RANKS.
 # Environment: OUT, PYTHON (default .venv/bin/python, else python3), PEERS_DIR (default bench/peers),
 # SUITE_CAP_<section> (seconds: replaces that section's cap, e.g. for a longer rerun of one section).
+# The last line of stdout and of summary.md names the sections that did not pass (FAILED, cut, skipped for the
+# budget or after a failed env or kernel_check) as the --section list of a rerun, with the budget their caps add up to.
 # Exit status: 0 if every section that ran passed, 1 otherwise, 2 on a usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die_usage() { echo "gpu_suite.sh: $*" >&2; exit 2; }
-ORDER=(env kernel_check kernel_bench model train_step e2e_smoke doc_reset kernel_sweep gpu_cells)
+ORDER=(env kernel_check train_step kernel_bench model e2e_smoke doc_reset decode kernel_sweep gpu_cells)
 ONLY_ON_REQUEST=(kernel_sweep gpu_cells)
-declare -A CAP_GPU=([env]=25 [kernel_check]=80 [kernel_bench]=90 [model]=80 [train_step]=100 [e2e_smoke]=150 [doc_reset]=40
-                    [kernel_sweep]=240 [gpu_cells]=120)
-declare -A CAP_CPU=([env]=60 [kernel_check]=300 [kernel_bench]=400 [model]=300 [train_step]=300 [e2e_smoke]=900 [doc_reset]=300
-                    [kernel_sweep]=0 [gpu_cells]=0)
+declare -A CAP_GPU=([env]=40 [kernel_check]=90 [train_step]=150 [kernel_bench]=80 [model]=70 [e2e_smoke]=150 [doc_reset]=40
+                    [decode]=150 [kernel_sweep]=240 [gpu_cells]=120)
+declare -A CAP_CPU=([env]=60 [kernel_check]=300 [train_step]=300 [kernel_bench]=400 [model]=300 [e2e_smoke]=900 [doc_reset]=300
+                    [decode]=300 [kernel_sweep]=0 [gpu_cells]=0)
 declare -A MIN_S=([env]=10 [kernel_check]=30 [kernel_bench]=40 [model]=30 [train_step]=60 [e2e_smoke]=60
-                  [kernel_sweep]=60 [gpu_cells]=30 [doc_reset]=20)
+                  [kernel_sweep]=60 [gpu_cells]=30 [doc_reset]=20 [decode]=60)
 GRACE=15
 
 SMOKE=0; CPU=0; BUDGET=""; SECTIONS=""
@@ -66,7 +71,7 @@ while (( $# )); do
   shift
 done
 [[ $CPU == 1 && $SMOKE == 0 ]] && die_usage "--cpu is a harness check and needs --smoke"
-BUDGET=${BUDGET:-$([[ $CPU == 1 ]] && echo 2400 || echo 420)}
+BUDGET=${BUDGET:-$([[ $CPU == 1 ]] && echo 2400 || echo 390)}
 [[ "$BUDGET" =~ ^[0-9]+$ ]] && (( BUDGET >= 60 )) || die_usage "--budget: expected whole seconds >= 60, got '$BUDGET'"
 for s in "${ORDER[@]}"; do
   v="SUITE_CAP_$s"
@@ -160,12 +165,21 @@ run_capped() {
 section_left() { echo $(( SECTION_END - $(date +%s) )); }
 
 FAILED=0
+ENV_MISSING=""   # gpu_env.py's line when a module the suite needs is missing: every later section is skipped
+section_cap() {
+  local override="SUITE_CAP_$1"
+  if [[ -n "${!override:-}" ]]; then echo "${!override}"
+  elif [[ $CPU == 1 ]]; then echo "${CAP_CPU[$1]}"
+  else echo "${CAP_GPU[$1]}"; fi
+}
 run_section() {
   local name=$1 cap min left start rc took status note=""
   [[ -n "${WANT[$name]+x}" ]] || return 0
-  cap=$([[ $CPU == 1 ]] && echo "${CAP_CPU[$name]}" || echo "${CAP_GPU[$name]}")
-  local override="SUITE_CAP_$name"
-  [[ -n "${!override:-}" ]] && cap=${!override}
+  cap=$(section_cap "$name")
+  if [[ -n "$ENV_MISSING" ]]; then
+    status_line "$name" skipped "" 0 "$cap" "env: a module the suite needs is missing"; echo "=== $name: skipped (env failed)"
+    report; return 0
+  fi
   min=${MIN_S[$name]}
   (( cap > 0 && min > cap )) && min=$cap
   left=$(( END - $(date +%s) - GRACE ))
@@ -194,6 +208,11 @@ run_section() {
     124|137) status=cut; note="stopped at its cap; what finished is kept"; FAILED=1 ;;
     3) if [[ $name == kernel_check ]]; then   # ssd_kernel.py's gate: only bf16 checks missed their bounds
          status="bf16 miss"; note="bf16 outside its stated tolerance (see its table); fp32 within, so the timings run"
+       else status=FAILED; note="see $name.log in logs.tgz"; fi
+       FAILED=1 ;;
+    4) if [[ $name == env ]]; then   # gpu_env.py: a module the suite needs does not import
+         ENV_MISSING=$(grep -m1 '^gpu_env.py: missing module' "$WORK/env.log" | tr '\t' ' ' | cut -c1-400)
+         status=FAILED; note=${ENV_MISSING:-a module the suite needs is missing}
        else status=FAILED; note="see $name.log in logs.tgz"; fi
        FAILED=1 ;;
     *) status=FAILED; note="see $name.log in logs.tgz"; FAILED=1 ;;
@@ -226,7 +245,8 @@ section_model() {
   local rc=0 r common=(--ssd-dispatch triton --steps 5 --warmup 2 --json "$SECTION_DIR/model_gpu.jsonl")
   [[ $CPU == 1 ]] && common=(--device cpu --preset tiny --batch 2 --seq-len 32 --steps 1 --warmup 0 --peak-tflops 1 --dtype fp32
                              --ssd-dispatch triton --json "$SECTION_DIR/model_gpu.jsonl")
-  # the first run may compile the kernel at the model's shapes; the second finds it in Triton's cache
+  # the production setting first; without checkpointing only where bench/model_memory.py finds that it fits (the
+  # 434M at 16 x 2048 needs ~77 GiB without it: run on an H200, one line and no run on an 80 GB card)
   run_capped $(( $(section_left) * 3 / 5 )) "$PYTHON" bench/model_gpu.py "${common[@]}" --grad-checkpoint
   r=$?; (( r && !rc )) && rc=$r   # the first non-zero status (124: cut) is the section's
   run_capped "$(section_left)" "$PYTHON" bench/model_gpu.py "${common[@]}" --no-grad-checkpoint
@@ -254,6 +274,11 @@ section_doc_reset() {
     "${CPU_ARG[@]}" --json "$SECTION_DIR/doc_reset.json"
 }
 
+# The fused decode step against the official mamba3_siso_step, graphs on and off, and the 434M model's generate.
+section_decode() {
+  run_capped "$(section_left)" "$PYTHON" bench/decode_gpu.py "${SMOKE_ARG[@]}" "${CPU_ARG[@]}" --out "$SECTION_DIR"
+}
+
 section_kernel_sweep() {
   run_capped "$(section_left)" "$PYTHON" bench/ssd_kernel.py --part time --shapes main,T512,T8192,L32,L128 \
     --peer-configs 4 --reps 50 --warmup 5 --budget-s 2 --deadline-s $(( $(section_left) - 60 )) --out "$SECTION_DIR"
@@ -265,6 +290,19 @@ section_gpu_cells() {
 
 for s in "${ORDER[@]}"; do run_section "$s"; done
 echo "total: $(( $(date +%s) - START ))s of a ${BUDGET}s budget" | tee -a "$WORK/total.txt"
+# the sections to run again: FAILED, cut, or skipped for the budget, a failed env or a failed kernel_check (which the
+# rerun runs first); not those skipped as "GPU only"
+RERUN=$(awk -F'\t' '$1 != "env" && ($2 == "FAILED" || $2 == "cut" || ($2 == "skipped" && $6 ~ /^(budget|env|kernel_check)/)) { print $1 }' \
+        "$WORK/status.tsv" | paste -sd, -)
+if [[ -n "$RERUN" ]]; then
+  need=$GRACE; IFS=, read -ra again <<< "$RERUN"
+  for s in "${again[@]}"; do need=$(( need + $(section_cap "$s") )); done
+  (( need < 60 )) && need=60
+  echo "rerun what did not pass: bash bench/gpu_suite.sh --budget $need --section $RERUN$([[ $CPU == 1 ]] && echo ' --smoke --cpu')" \
+    | tee -a "$WORK/total.txt"
+else
+  echo "rerun: nothing (every section that ran passed)" | tee -a "$WORK/total.txt"
+fi
 report
 echo "" >> "$OUT/summary.md"; cat "$WORK/total.txt" >> "$OUT/summary.md"
 cat "$OUT/summary.md"

@@ -43,7 +43,8 @@ HALVES = {"fwd": ("state", "chunk"), "bwd_chunk": ("x", "bc")}   # the launches 
 HALF_PTRS = ("x_ptr", "b_ptr", "c_ptr", "y_ptr", "dy_ptr", "dx_ptr", "bt_ptr", "ct_ptr", "dhs_ptr", "hs_ptr", "gb_ptr",
              "gc_ptr", "db_ptr", "dc_ptr")   # the tensors in the input / dot dtype: the rest are fp32
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG", "sxb", "sxt")
+INTS = ("T", "H", "S", "NC", "OM_H", "om_hs", "G", "HG", "NJ", "NJA", "sxb", "sxt")
+PTR_TYPES = {"rst_ptr": "*i32", "starts_ptr": "*i32", "turn_ptr": "*fp64"}   # the pointers neither fp32 nor the input dtype
 
 
 def launch_ints(T, H, S, L, P, N, bias):
@@ -51,7 +52,8 @@ def launch_ints(T, H, S, L, P, N, bias):
     x a view of the block's in-projection (z, x, B, C, Δ, A, λ, θ per token)."""
     G = 1 if bias else H
     sxt = 2 * H * P + 2 * G * N + 3 * H + S
-    return dict(T=T, H=H, S=S, NC=-(-T // L), OM_H=1, om_hs=0, G=G, HG=H // G, sxb=T * sxt, sxt=sxt)
+    return dict(T=T, H=H, S=S, NC=-(-T // L), OM_H=1, om_hs=0, G=G, HG=H // G, NJ=max(N // 2, 16) // kern._angle_pairs(N),
+                NJA=-(-S // kern._angle_pairs(N)), sxb=T * sxt, sxt=sxt)
 
 
 def specialise(fn, dtype, consts, ints):
@@ -64,8 +66,7 @@ def specialise(fn, dtype, consts, ints):
         if name in consts:
             sig[name] = "constexpr"
             continue
-        sig[name] = ("i32" if name in INTS else "*i32" if name == "rst_ptr" else f"*{dtype}" if name in half
-                     else "*fp32")
+        sig[name] = ("i32" if name in INTS else PTR_TYPES.get(name) or (f"*{dtype}" if name in half else "*fp32"))
         if name not in INTS or ints[name] % 16 == 0:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, consts, attrs
@@ -89,7 +90,10 @@ def ptxas_report(ptx, arch, log=""):
                 spill_load_bytes=num(r"(\d+) bytes spill loads"), stack_bytes=num(r"(\d+) bytes stack frame"))
 
 
-SMEM_PER_SM = {80: 167936, 90: 233472}   # bytes a CTA may use: A100 164 KiB, H100/H200 228 KiB per SM
+# shared memory a SM holds: A100 164 KiB, H100/H200 228 KiB; consumer Ampere (sm_86) and Ada (sm_89) 100 KiB, of which
+# a CTA may use 99 KiB (SMEM_PER_CTA): a launch needing more cannot start there
+SMEM_PER_SM = {80: 167936, 86: 102400, 89: 102400, 90: 233472}
+SMEM_PER_CTA = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 
 
 def occupancy(arch, registers, shared, warps):
@@ -110,12 +114,13 @@ def lowering(kind, dtype, L, P, N, warps, stages, arch, bias=True, maxnreg=None,
     fn = getattr(kern, f"_ssd_fwd_{half}_kernel" if kind == "fwd" and half != "all" else f"_ssd_{kind}_kernel")
     BN = BN if "BN" in fn.arg_names else None
     NH = max(N // 2, 16)
-    every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x", NH=min(NH, 16) if kind == "bwd_angle" else NH,   # the angle kernel: <= 16 pairs
+    every = dict(L=L, P=P, N=N, BN=BN, DO_X=half != "bc", DO_BC=half != "x",
+                 NH=kern._angle_pairs(N) if kind == "bwd_angle" else NH,   # the angle backward: a block of pairs
                  HAS_THETA=True, HAS_D=True, HAS_BIAS=bias, HAS_H0=True, HAS_DHT=True, HAS_RST=resets,
                  STORE=True, DOT_DTYPE=dot, PREC="ieee", HG=H if bias else 1, HGP=H if bias else 1, OM_SHARED=True,
-                 HP=triton.next_power_of_2(H), SP=triton.next_power_of_2(S))
-    if kind in ("scalars", "bwd_scalars"):    # tiles of 2048 (token, head) scalars, whatever the chunk
-        every["L"] = kern._scalar_tiles(H, S)[0]
+                 HP=kern._scalar_tiles(H, S)[0], SP=kern._scalar_tiles(H, S)[1], NJAP=triton.next_power_of_2(-(-S // kern._angle_pairs(N))))
+    if kind in ("carry", "bwd_carry"):        # a block of chunks (and the final angle) at a time
+        every["CB"] = kern._carry_block(-(-T // L))
     if kind == "rotate":                      # its heads a program and pairs a block, as `_ssd_fwd` launches it
         every["HB"], every["JB"] = kern._rotate_tiles(N, every["HG"], TORCH_DTYPES[dtype])
         every["HGP"] = every["HB"]
@@ -146,6 +151,7 @@ def compile_kernel(kind, dtype, L, P, N, warps, stages, arch, **kw):
     rep = ptxas_report(ptx, arch, log.getvalue())
     return dict(labels, shared_bytes=ck.metadata.shared, compile_s=round(time.perf_counter() - t0, 1), **rep,
                 cp_async=len(re.findall(r"cp\.async\.c[ag]", ptx)), tma=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                fits=ck.metadata.shared <= SMEM_PER_CTA[arch],
                 ctas_per_sm=occupancy(arch, rep["registers"], ck.metadata.shared, warps))
 
 
@@ -225,7 +231,7 @@ def markdown(rows, N):
 
 def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities (80: A100, 90: H100/H200)")
+    p.add_argument("--arch", type=int, nargs="+", default=[90], help="CUDA compute capabilities (80: A100, 86/89: consumer Ampere/Ada, 90: H100/H200)")
     p.add_argument("--kernels", nargs="+", default=list(kern.KERNELS), choices=list(kern.KERNELS))
     p.add_argument("--chunk", type=int, nargs="+", default=[64],
                    help="chunk sizes; fp32 compiles at the chunk ssd_triton runs it at (`kernel_chunk`: at most 16)")
@@ -293,10 +299,12 @@ def main(argv=None):
             print(f"{head} COMPILE ERROR {r['error'][:300]}")
             continue
         spills = r["spill_store_bytes"] + r["spill_load_bytes"]
-        failed |= a.fail_on_spill and spills > 0
+        failed |= a.fail_on_spill and spills > 0 or not r["fits"]     # a launch that cannot start: a finding
         print(f"{head} {r['registers']:5} {r['spill_store_bytes']:>6}/{r['spill_load_bytes']:<7} "
               f"{r['shared_bytes'] / 1024:8.0f} {r['cp_async']:8} {r['tma']:4} {r['ctas_per_sm']:6} "
-              f"{r['compile_s']:9.1f}", flush=True)
+              f"{r['compile_s']:9.1f}" + ("" if r["fits"] else
+                                          f"  DOES NOT FIT: {SMEM_PER_CTA[r['arch']] // 1024} KiB a CTA on sm_{r['arch']}"),
+              flush=True)
     if a.markdown:
         print(markdown(rows, a.N))
     out = a.out or os.environ.get("OUT")

@@ -1,9 +1,12 @@
 """GPU benchmark of the fused Triton SSD (`mamba3_lite.ssd_triton.ssd_triton`) against its peers.
 
-1. Correctness gate at the 434M layer shape (H 32, P 64, N 128, S 32, chunk 64) with T 2048, batch 2: fp32 kernel
-   vs `ssd_chunked` (y, final state, every gradient), bf16 kernel vs an fp32 `ssd_chunked` fed the same
-   bf16-rounded inputs; bounds in TOL. An fp32 miss or an exception stops everything (exit 1); a bf16 miss is
-   reported and the timings still run (exit 3, see `gate_verdict`).
+1. Correctness gate at the 434M layer shape (H 32, P 64, N 128, S 32, chunk 64) with T 2048, batch 2, on the three
+   paths of `GATE_PATHS`: the one the model trains with (B, C shared by the heads plus per-head biases added in the
+   kernel, θ shared), the same with document restarts (`seq_idx`, as `data.reset_at_eos` trains), and per-head B/C
+   (the `ssd_chunked` contract, what the timings call "ours"). Each in bf16 (x, B, C; vs an fp32 `ssd_chunked` fed
+   the same bf16-rounded inputs) and fp32 (vs `ssd_chunked`): y, final state, every gradient (the biases' included);
+   bounds in TOL. An fp32 miss or an exception stops everything (exit 1); a bf16 miss is reported and the timings
+   still run (exit 3, see `gate_verdict`).
 2. Forward and forward+backward timings: median over >= 100 reps after warm-up, L2 flushed before each rep, CUDA
    events around the call only; peak memory above the inputs; achieved TFLOP/s on the nominal SSD FLOP count; %
    of the roofline lower bound; every peer's time divided by ours (> 1: we are faster). Ours (and the eager
@@ -17,7 +20,7 @@ for the ratio) if `fla` imports; the official `mamba3_siso_combined` if it impor
 compared with ours on the same interface).
 
     python bench/ssd_kernel.py                    # full run (GPU), writes $OUT or bench/results/
-    python bench/ssd_kernel.py --part gate        # correctness only (fp32 and bf16 at the 434M layer shape)
+    python bench/ssd_kernel.py --part gate        # correctness only (three paths, fp32 and bf16, 434M layer shape)
     python bench/ssd_kernel.py --part time --shapes main --no-compile   # timings at b16 T2048 only, no gate
     python bench/ssd_kernel.py --smoke            # one shape, fewer reps, no torch.compile
     python bench/ssd_kernel.py --smoke --cpu      # tiny shapes through the Triton interpreter (harness check only)
@@ -48,6 +51,7 @@ import torch  # noqa: E402
 
 from mamba3_lite.ssd import SSDState, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state  # noqa: E402
 from mamba3_lite.ssd_triton import ssd_triton  # noqa: E402
+from gpu_env import datasheet  # noqa: E402
 from official import official_or_reason  # noqa: E402
 
 
@@ -69,11 +73,29 @@ def min_bytes(b, T, H, P, N, S):
 
 
 def roofline_us(b, T, H, P, N, S, peak_tflops, peak_tbps):
-    "Lower bounds (fwd, fwd+bwd) in µs at L = 64: max(nominal FLOPs / peak, `min_bytes` / bandwidth)."
+    """Lower bounds (fwd, fwd+bwd) in µs at L = 64: max(nominal FLOPs / peak, `min_bytes` / bandwidth); (None, None)
+    without a peak (a device bench/gpu_model.py's GPUS does not hold, or the CPU)."""
+    if peak_tflops is None or peak_tbps is None:
+        return None, None
     f_fwd, f_bwd = ssd_flops(b, T, H, P, N, 64)
     by_fwd, by_all = min_bytes(b, T, H, P, N, S)
     bound = lambda flops, nbytes: 1e6 * max(flops / (peak_tflops * 1e12), nbytes / (peak_tbps * 1e12))
     return bound(f_fwd, by_fwd), bound(f_fwd + f_bwd, by_all)
+
+
+def roofline_peaks(device_name, tflops=None, tbps=None):
+    """(GPUS key, peak TFLOP/s, TB/s, where they come from) for the roofline: the values given, else the datasheet row
+    of the GPU called `device_name` (None on CPU) in bench/gpu_model.py's GPUS; a GPU the table does not hold (one
+    line says so) and the CPU get no peaks, so no roofline, rather than another card's."""
+    if tflops is not None and tbps is not None:
+        return None, tflops, tbps, "given"
+    if device_name is None:
+        return None, None, None, "a CPU has no datasheet row"
+    gpu, row = datasheet(device_name, say=lambda line: print(f"ssd_kernel.py: {line}"))
+    if row is None:
+        return None, None, None, f"{device_name!r} is not in bench/gpu_model.py's GPUS"
+    return (gpu, tflops if tflops is not None else row["tensor"] / 1e12,
+            tbps if tbps is not None else row["bandwidth"] / 1e12, "datasheet")
 
 
 # ---------------------------------------------------------------- timing
@@ -220,28 +242,58 @@ GATE_CPU = dict(b=2, T=40, H=2, P=16, N=32, S=4)
 TOL = {"fp32 y": 1e-4, "fp32 h": 1e-4, "fp32 grad": 1e-3, "bf16 y": 2e-2, "bf16 h": 2e-2, "bf16 grad": 5e-2}
 
 
+def document_ids(b, T, L, seed=0):
+    """(b, T) int64 document indices that never decrease: a restart at a chunk boundary, one a token after it, and one
+    at a random token of every other chunk, different per row."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.zeros(b, T, dtype=torch.int64)
+    for row in range(b):
+        for c in range(0, T, 2 * L):
+            starts[row, min(T - 1, c + int(torch.randint(1, L, (1,), generator=g)))] = 1
+    starts[:, L] = 1
+    starts[:, min(T - 1, L + 1)] = 1
+    return starts.cumsum(1)
+
+
+def per_head_reference(x, dt, A, B, C, lam, theta=None, D=None, B_bias=None, C_bias=None, **kw):
+    """`ssd_chunked` on ssd_triton's shared-B/C interface: each head's B (C) row is the shared row plus that head's bias,
+    in fp32, as the kernel adds it; gradients reach the shared rows and the biases through the sum."""
+    if B_bias is not None:
+        H = x.shape[2]
+        B = B.float().expand(-1, -1, H, -1) + B_bias.float()
+        C = C.float().expand(-1, -1, H, -1) + C_bias.float()
+    return ssd_chunked(x, dt, A, B, C, lam, theta, D, **kw)
+
+
+GATE_PATHS = ("shared B/C + bias", "shared B/C + bias, resets", "per-head B/C")   # the training path first
+
+
 def gate(device, interp, rows, on_rows):
-    """Equivalence checks at the 434M layer shape (GATE_GPU, chunk 64; tiny through the interpreter), appended to
-    `rows` as (check, value, bound, ok), on_rows() after each precision. nmax = max |a - b| / max |b|. fp32: ours vs `ssd_chunked` on the same inputs;
-    bf16: ours on bf16 x, B, C vs `ssd_chunked` in fp32 on the same bf16-rounded values. Every gradient (x, dt, A, B,
-    C, lam, theta, D, and the initial state on CPU) enters the worst-gradient number. On the GPU the initial state is
-    left out so that the gate compiles the same kernels the timings run (bench/e2e_gpu_smoke.py checks it)."""
+    """Equivalence checks at the 434M layer shape (GATE_GPU, chunk 64; tiny through the interpreter) on each path of
+    GATE_PATHS, appended to `rows` as (check, value, bound, ok), on_rows() after each path and precision. nmax = max
+    |a - b| / max |b|. fp32: ours vs `ssd_chunked` on the same inputs (shared B/C through `per_head_reference`); bf16:
+    ours on bf16 x, B, C vs `ssd_chunked` in fp32 on the same bf16-rounded values. Every gradient (x, dt, A, B, C,
+    lam, theta, D, the biases, and the initial state on CPU) enters the worst-gradient number. On the GPU the initial
+    state is left out so that the gate compiles the kernels that training runs (bench/e2e_gpu_smoke.py checks it)."""
     shape = GATE_CPU if interp else GATE_GPU
     L = 16 if interp else 64
-    kw = make_inputs(**shape, device=device, dtype=torch.float32, seed=1)
+    per_head = make_inputs(**shape, device=device, dtype=torch.float32, seed=1)
+    shared = shared_inputs(per_head, seed=3)
+    seq_idx = document_ids(shape["b"], shape["T"], L, seed=4).to(device)
+    inputs = {GATE_PATHS[0]: shared, GATE_PATHS[1]: dict(shared, seq_idx=seq_idx), GATE_PATHS[2]: per_head}
     st = ssd_random_state(b=shape["b"], H=shape["H"], P=shape["P"], N=shape["N"], S=shape["S"], dtype=torch.float32,
                           device=device) if interp else None
-    leaves = lambda d: {k: (v.detach().clone().requires_grad_(True) if torch.is_tensor(v) else v) for k, v in d.items()}
+    leaf = lambda v: v.detach().clone().requires_grad_(True) if torch.is_tensor(v) and v.is_floating_point() else v
 
     def run(fn, d, s):
-        d = leaves(d)
-        s = SSDState(*(t.detach().clone().requires_grad_(True) for t in s)) if s is not None else None
+        d = {k: leaf(v) for k, v in d.items()}
+        s = SSDState(*(leaf(t) for t in s)) if s is not None else None
         y, out = fn(**d, initial_state=s, chunk_size=L)
         gen = torch.Generator(device="cpu").manual_seed(0)
         loss = sum((o.float() * torch.randn(o.shape, generator=gen).to(device)).sum() for o in (y, *out) if o.numel())
         loss.backward()
         named = {**d, **({f"state.{k}": v for k, v in s._asdict().items()} if s is not None else {})}
-        return y, out, {k: v.grad for k, v in named.items() if torch.is_tensor(v) and v.numel()}
+        return y, out, {k: v.grad for k, v in named.items() if torch.is_tensor(v) and v.requires_grad and v.numel()}
 
     def max_grad_err(ga, gr):
         "(worst gradient nmax, its input); a gradient present on one path only counts as a failure."
@@ -253,21 +305,23 @@ def gate(device, interp, rows, on_rows):
     where = "b{b} T{T} H{H} P{P} N{N} S{S}".format(**shape) + f" L{L}"
     check = lambda name, val, bound: rows.append((name, val, bound, bool(val <= bound)))
 
-    def compare(prec, ours_kw, ref_kw, ref):
+    def compare(prec, path, ours_kw, ref_kw, ref):
         "Ours on `ours_kw` vs `ssd_chunked` on `ref_kw`: output, final state and worst gradient, bounded by TOL[prec ...]."
         y_t, s_t, g_t = run(ssd_triton, ours_kw, st)
-        y_r, s_r, g_r = run(ssd_chunked, ref_kw, st)
+        y_r, s_r, g_r = run(per_head_reference, ref_kw, st)
         err, worst = max_grad_err(g_t, g_r)
-        check(f"{prec} y vs {ref} ({where})", nmax(y_t, y_r), TOL[f"{prec} y"])
-        check(f"{prec} final h vs {ref}", nmax(s_t.h, s_r.h), TOL[f"{prec} h"])
-        check(f"{prec} worst grad vs {ref} ({worst})", err, TOL[f"{prec} grad"])
+        check(f"{prec} {path}: y vs {ref} ({where})", nmax(y_t, y_r), TOL[f"{prec} y"])
+        check(f"{prec} {path}: final h", nmax(s_t.h, s_r.h), TOL[f"{prec} h"])
+        check(f"{prec} {path}: worst grad ({worst})", err, TOL[f"{prec} grad"])
         on_rows()
 
-    if not interp:   # bf16 first: the precision the model trains in (the interpreter's bf16 tl.dot is wrong)
-        kw16 = {k: (v.to(torch.bfloat16) if k in ("x", "B", "C") else v) for k, v in kw.items()}
-        kw32 = {k: (v.float() if torch.is_tensor(v) else v) for k, v in kw16.items()}
-        compare("bf16", kw16, kw32, "fp32 ssd_chunked on the rounded inputs")
-    compare("fp32", kw, kw, "ssd_chunked")
+    for path in GATE_PATHS:
+        kw = inputs[path]
+        if not interp:   # bf16 first: the precision the model trains in (the interpreter's bf16 tl.dot is wrong)
+            kw16 = {k: (v.to(torch.bfloat16) if k in ("x", "B", "C") else v) for k, v in kw.items()}
+            kw32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kw16.items()}
+            compare("bf16", path, kw16, kw32, "fp32 ssd_chunked on the rounded inputs")
+        compare("fp32", path, kw, kw, "ssd_chunked")
 
 
 def peer_gate(device, interp, has_fla, has_official):
@@ -391,7 +445,8 @@ def bench_shape(timer, sh, a, device, dtype, group, rows, on_row):
             row.update(fwd_ms=ms_f, fwd_reps=n_f, fwd_peak_mb=mem_f, fwdbwd_ms=ms_a, fwdbwd_reps=n_a, fwdbwd_peak_mb=mem_a,
                        fwd_tflops=f_fwd / (ms_f * 1e9), fwdbwd_tflops=(f_fwd + f_bwd) / (ms_a * 1e9),
                        fwd_gbps=by_fwd / (ms_f * 1e6), fwdbwd_gbps=by_all / (ms_a * 1e6),
-                       fwd_pct_roofline=100 * r_fwd / (1e3 * ms_f), fwdbwd_pct_roofline=100 * r_all / (1e3 * ms_a))
+                       fwd_pct_roofline=None if r_fwd is None else 100 * r_fwd / (1e3 * ms_f),
+                       fwdbwd_pct_roofline=None if r_all is None else 100 * r_all / (1e3 * ms_a))
         except Exception as e:  # a peer failing (OOM, compile error) is a result, not a crash
             row.update(error=f"{type(e).__name__}: {e}"[:300])
         finally:
@@ -421,20 +476,24 @@ def markdown(meta, gate_rows, results):
                 "| fwd+bwd GB/s | fwd+bwd % roofline | peak MiB fwd / fwd+bwd | ratio fwd | ratio fwd+bwd |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         f = lambda v, fmt: "—" if v is None else format(v, fmt)
+        pct = lambda v: "—" if v is None else f"{v:.0f}%"
         for shape in results:
             for r in shape["rows"]:
                 if "error" in r:
                     out.append(f"| {r['shape']} | {r['candidate']} | not run: {r['error'][:100]} |||||||||||")
                     continue
                 out.append(f"| {r['shape']} | {r['candidate']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.1f} | "
-                           f"{r['fwd_gbps']:.0f} | {r['fwd_pct_roofline']:.0f}% | {r['fwdbwd_ms']:.3f} | "
-                           f"{r['fwdbwd_tflops']:.1f} | {r['fwdbwd_gbps']:.0f} | {r['fwdbwd_pct_roofline']:.0f}% | "
+                           f"{r['fwd_gbps']:.0f} | {pct(r['fwd_pct_roofline'])} | {r['fwdbwd_ms']:.3f} | "
+                           f"{r['fwdbwd_tflops']:.1f} | {r['fwdbwd_gbps']:.0f} | {pct(r['fwdbwd_pct_roofline'])} | "
                            f"{f(r['fwd_peak_mb'], '.0f')} / {f(r['fwdbwd_peak_mb'], '.0f')} | "
                            f"{f(r.get('fwd_ratio_vs_ours'), '.2f')} | {f(r.get('fwdbwd_ratio_vs_ours'), '.2f')} |")
-        out += ["", f"Roofline: max(FLOPs / {meta['peak_tflops']} TFLOP/s, bytes / {meta['peak_tbps']} TB/s) for the "
-                "minimal interface (shared B/C, bf16); GB/s = those minimal bytes / time (the same count for every "
-                "candidate, so a candidate that moves more bytes shows its waste as a lower number). TFLOP/s use the "
-                "nominal SSD FLOP count for every candidate."]
+        roof = (f"Roofline ({meta['gpu'] or meta['device']}): max(FLOPs / {meta['peak_tflops']:g} TFLOP/s, bytes / {meta['peak_tbps']:g} "
+                f"TB/s{', datasheet' if meta['peaks_from'] == 'datasheet' else ', given'}) for the minimal interface "
+                "(shared B/C, bf16)" if meta["peak_tflops"] is not None else
+                f"No roofline: {meta['peaks_from']}")
+        out += ["", roof + "; GB/s = those minimal bytes / time (the same count for every candidate, so a candidate "
+                "that moves more bytes shows its waste as a lower number). TFLOP/s use the nominal SSD FLOP count for "
+                "every candidate."]
     if meta["peers"]:
         out += ["", "Peers: " + "; ".join(meta["peers"])]
     return "\n".join(out) + "\n"
@@ -465,8 +524,9 @@ def main(argv=None):
     p.add_argument("--peer-configs", type=int, default=4,
                    help="autotune configs kept per peer kernel (0: all; the official kernel lists up to 81)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200 SXM)")
-    p.add_argument("--peak-tbps", type=float, default=4.8, help="HBM bandwidth (H200)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense bf16 peak for the roofline (default: the GPU's row in bench/gpu_model.py's GPUS)")
+    p.add_argument("--peak-tbps", type=float, default=None, help="HBM bandwidth for the roofline (default: likewise)")
     p.add_argument("--no-compile", action="store_true", help="leave out ssd_chunked under torch.compile")
     a = p.parse_args(argv)
     shape_names = (a.shapes or ("main" if a.smoke else ",".join(SHAPES))).split(",")
@@ -515,10 +575,13 @@ def main(argv=None):
 
     import triton
     dev_name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
+    gpu, a.peak_tflops, a.peak_tbps, peaks_from = roofline_peaks(dev_name if device.type == "cuda" else None,
+                                                                  a.peak_tflops, a.peak_tbps)
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), device=dev_name,
                 torch=torch.__version__, triton=triton.__version__, dtype=str(dtype).replace("torch.", ""),
                 mode="cpu" if a.cpu else "smoke" if a.smoke else "full", part=a.part, reps=a.reps, warmup=a.warmup,
-                peak_tflops=a.peak_tflops, peak_tbps=a.peak_tbps, peers=peers, tolerances=TOL)
+                gpu=gpu, peaks_from=peaks_from, peak_tflops=a.peak_tflops, peak_tbps=a.peak_tbps, peers=peers,
+                tolerances=TOL)
     print(f"SSD kernel benchmark on {dev_name} ({meta['mode']}, part {a.part}); peers: {'; '.join(peers) or 'not loaded'}",
           flush=True)
 

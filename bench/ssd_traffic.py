@@ -1,4 +1,7 @@
-"""Count the global-memory traffic of the Triton SSD, per kernel launch and phase, without a GPU.
+"""Count the work of every launch of the Triton SSD, per kernel and phase, without a GPU: its global-memory traffic,
+its programs (the grid), the serial steps of a program (the trips of its innermost loops, which a program runs one
+after another, counted with a line tracer as the programs run), its dot FLOPs, and from them a modelled time on an
+A100-80GB, H100 SXM and H200 (`bench/gpu_model.py`: the largest of the memory, math and latency terms).
 
 The kernels of `mamba3_lite.ssd_triton` run under the Triton interpreter with every global load and store counted
 at the one place all of them pass through (`triton.runtime.interpreter.interpreter_builder`: `create_masked_load` /
@@ -33,8 +36,10 @@ traffic.
     python bench/ssd_traffic.py --arch 80 --json /tmp/traffic.json
     python bench/ssd_traffic.py --sites               # and each kernel's bytes per load/store line of ssd_triton.py
     PYTHONPATH=$(python bench/official_source.py /tmp/official) python bench/ssd_traffic.py --official
+    python bench/ssd_traffic.py --compare OURS.json OFFICIAL.json --json /tmp/model.json   # the two side by side
 """
 import argparse
+import ast
 import contextlib
 import importlib
 import importlib.util
@@ -56,6 +61,7 @@ import triton.runtime.interpreter as interp  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import mamba3_lite.ssd_triton as st  # noqa: E402
+from gpu_model import GPUS, STEP_S, STEP_WHY, bound, modelled_us  # noqa: E402
 from official import official_attr  # noqa: E402
 
 NO_DATA = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh",
@@ -67,11 +73,56 @@ class Traffic:
     kernel; outside launches, `torch_ops()` attributes every aten op to "torch:<op>"; `phase` is set by the caller."""
 
     def __init__(self):
-        self.rows = defaultdict(lambda: dict(read=0, write=0, launches=0))
+        self.rows = defaultdict(lambda: dict(read=0, write=0, launches=0))   # a kernel's also: programs, steps, FLOPs
+        self.steps = None                # loop-body steps of the program running now (None: no program)
+        self.loop_lines = {}             # {source file: lines that begin the body of an innermost loop}
         self.addrs = defaultdict(lambda: dict(read=[], write=[]))
         self.current, self.phase = None, "fwd"
         self.sites = defaultdict(lambda: dict(read=0, write=0))     # (name, phase, "kernel:line>helper:line"), with `by_site`
         self.by_site = False
+
+    def _program_done(self):
+        "Fold the steps of the program that just ran into its launch's row: the most any program took."
+        if self.steps is not None and self.current is not None:
+            r = self.rows[(self.current, self.phase)]
+            r["serial_steps"] = max(r.get("serial_steps", 0), self.steps, 1)   # a program without loops: one step
+        self.steps = None
+
+    def _dot(self, a, b):
+        "A tl.dot of (…, M, K) by (…, K, N): 2·M·K·N FLOPs per batch element, on the tensor cores unless fp32 operands."
+        if self.current is None: return
+        a_shape, n = np.shape(a.data), np.shape(b.data)[-1]
+        flops = 2 * int(np.prod(a_shape)) * int(n)
+        key = "fp32_flops" if np.dtype(interp._get_np_dtype(a.dtype)) == np.float32 else "flops"
+        r = self.rows[(self.current, self.phase)]
+        r[key] = r.get(key, 0) + flops
+
+    def _trace(self, frame, event, arg):
+        "sys.settrace hook: count the loop-body lines of kernel source files while a program runs."
+        spans = self.loop_lines.get(frame.f_code.co_filename)
+        if spans is None or self.steps is None: return None
+        prev = [None]
+
+        def local(frame, event, arg):                # a body's first statement, entered from outside it
+            if event == "line":
+                end = spans.get(frame.f_lineno)
+                if end is not None and self.steps is not None and not (prev[0] is not None and
+                                                                       frame.f_lineno <= prev[0] <= end):
+                    self.steps += 1
+                prev[0] = frame.f_lineno
+            return local
+        return local
+
+    def watch_loops(self, *files):
+        """Count, per program, the iterations of every innermost loop (a `for`/`while` with no loop inside it) in the
+        kernels of these source files: a program's serial steps are the loop trips it runs one after another (one for
+        a program without a loop)."""
+        for f in files:
+            tree = ast.parse(open(f).read())
+            loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))]
+            inner = [n for n in loops if not any(isinstance(m, (ast.For, ast.While)) for b in n.body for m in ast.walk(b))]
+            self.loop_lines[f] = {n.body[0].lineno: n.body[0].end_lineno for n in inner}   # first line: its last
+        return self
 
     def _count(self, kind, ptrs, mask, dtype_tt):
         if self.current is None: return
@@ -86,7 +137,8 @@ class Traffic:
     def installed(self):
         "Wrap the interpreter's global loads, stores and atomics for the duration of the block."
         b = interp.interpreter_builder
-        names = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")
+        names = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas", "create_dot",
+                 "set_grid_dim", "set_grid_idx")
         orig = {n: getattr(b, n) for n in names}
 
         def load(ptrs, mask, *a, **k):
@@ -105,10 +157,30 @@ class Traffic:
             for kind in ("read", "write"): self._count(kind, ptr.data, True, ptr.get_element_ty())
             return orig["create_atomic_cas"](ptr, cmp, val, *a, **k)
 
-        for n, f in zip(names, (load, store, rmw, cas)): setattr(b, n, f)
+        def dot(a, b_, *args, **k):
+            self._dot(a, b_)
+            return orig["create_dot"](a, b_, *args, **k)
+
+        def grid_dim(nx, ny, nz):                    # a launch starts: its programs
+            if self.current is not None:
+                r = self.rows[(self.current, self.phase)]
+                r.update(programs=r.get("programs", 0) + nx * ny * nz, flops=r.get("flops", 0),
+                         fp32_flops=r.get("fp32_flops", 0))
+            return orig["set_grid_dim"](nx, ny, nz)
+
+        def grid_idx(x, y, z):                       # a program starts
+            self._program_done()
+            self.steps = 0 if self.current is not None else None
+            return orig["set_grid_idx"](x, y, z)
+
+        for n, f in zip(names, (load, store, rmw, cas, dot, grid_dim, grid_idx)): setattr(b, n, f)
+        tracer = sys.gettrace()
+        sys.settrace(self._trace)
         try:
             yield self
         finally:
+            sys.settrace(tracer)
+            self._program_done()
             for n in names: delattr(b, n)            # back to the class's methods
 
     @contextlib.contextmanager
@@ -119,6 +191,7 @@ class Traffic:
         try:
             yield
         finally:
+            self._program_done()
             self.current = prev
 
     def torch_ops(self):
@@ -154,7 +227,7 @@ class Traffic:
         with `unique`, then the per-site rows {(name, phase, site): dict(read, write)} where `by_site` collected them."""
         out = {}
         for key, r in self.rows.items():
-            out[key] = dict(read=r["read"], write=r["write"], launches=r["launches"])
+            out[key] = dict(r)
             if unique and not key[0].startswith("torch:"):
                 out[key].update(read_unique=self.unique(key, "read"), write_unique=self.unique(key, "write"))
         out.update({key: dict(r) for key, r in self.sites.items()})
@@ -172,12 +245,12 @@ def _site():
     return ">".join(reversed(chain)) or "?"
 
 
-OPS = {"ssd_fwd": st._ssd_fwd, "ssd_bwd": st._ssd_bwd, "ssd_scalars": st._ssd_scalars,
-       "ssd_scalars_bwd": st._ssd_scalars_bwd}
-KERNEL_NAMES = {"_ssd_scalars_kernel": "scalars", "_ssd_bwd_scalars_kernel": "bwd_scalars",
-                "_ssd_rotate_kernel": "rotate", "_ssd_fwd_kernel": "fwd", "_ssd_fwd_state_kernel": "fwd.state",
-                "_ssd_fwd_chunk_kernel": "fwd.chunk", "_ssd_bwd_state_kernel": "bwd_state",
-                "_ssd_bwd_chunk_kernel": "bwd_chunk", "_ssd_bwd_angle_kernel": "bwd_angle"}
+OPS = {"ssd_fwd": st._ssd_fwd, "ssd_bwd": st._ssd_bwd}
+KERNEL_NAMES = {"_ssd_scalars_kernel": "scalars", "_ssd_carry_kernel": "carry", "_ssd_bwd_scalars_kernel": "bwd_scalars",
+                "_ssd_bwd_carry_kernel": "bwd_carry", "_ssd_rotate_kernel": "rotate", "_ssd_fwd_kernel": "fwd",
+                "_ssd_fwd_state_kernel": "fwd.state", "_ssd_fwd_chunk_kernel": "fwd.chunk",
+                "_ssd_bwd_state_kernel": "bwd_state", "_ssd_bwd_chunk_kernel": "bwd_chunk",
+                "_ssd_bwd_angle_kernel": "bwd_angle"}
 
 
 def layer_inputs(b, T, H, P, N, S, dtype, seed=0):
@@ -195,7 +268,7 @@ def count(b, T, H, P=64, N=128, S=32, L=64, dtype=torch.bfloat16, arch=90, uniqu
     """{(name, phase): dict(read, write[, read_unique, write_unique], launches)} of one forward and one backward of
     `ssd_triton` at this shape, with the launches `arch` makes; `sites`: also {(name, phase, "function:line"):
     dict(read, write)}, the kernels' bytes per load or store in the source (and the calls that reach it)."""
-    tr = Traffic()
+    tr = Traffic().watch_loops(st.__file__)
     tr.by_site = sites
     kw = {k: v.requires_grad_(True) for k, v in layer_inputs(b, T, H, P, N, S, dtype).items()}
     dy = torch.randn(b, T, H, P).to(dtype)
@@ -309,7 +382,8 @@ def official_inputs(b, T, H, P, N, S, seed=0):
 def count_official(b, T, H, P=64, N=128, S=32, L=64, seed=0, unique=False):
     "`count` of the official `mamba3_siso_combined`: one forward and one backward, each kernel launch by its name."
     combined, _ = official_siso()
-    tr = Traffic()
+    kernel_files = {sys.modules[f"mamba_ssm.ops.triton.mamba3.{m}"].__file__ for m in ("mamba3_siso_fwd", "mamba3_siso_bwd", "angle_dt")}
+    tr = Traffic().watch_loops(*sorted(kernel_files))
     kw = {k: v.requires_grad_(True) for k, v in official_inputs(b, T, H, P, N, S, seed).items()}
     dy = torch.randn(b, T, H, P, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
     real_call = interp.GridExecutor.__call__
@@ -360,12 +434,17 @@ def main(argv=None):
                    help="also break each kernel's bytes down by load/store site (function:line of ssd_triton.py)")
     p.add_argument("--official", action="store_true",
                    help="count the official mamba3_siso kernels instead (bf16; needs mamba_ssm and einops importable)")
+    p.add_argument("--compare", nargs=2, default=None, metavar=("OURS", "OFFICIAL"),
+                   help="count nothing: set two counts' JSON side by side (modelled µs per layer on each GPU, bytes, "
+                        "programs and steps) and print their ratios; --json writes them")
     a = p.parse_args(argv)
+    if a.compare: return compare(*a.compare, out=a.json)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     L = a.chunk
-    # the corners of the fit; the official op copies its (b, H, T) views of ΔA, Δ and λ only where H > 1 (at H = 1 they
-    # are contiguous), so its head corners are 2 and 4
-    sizes = ((1, 2), (2 * L, 4 * L), (2, 4) if a.official else (1, 2))
+    # the corners of the fit: heads 2 and 4, as a lone head is a case of its own on both sides (the official op copies
+    # its (b, H, T) views of ΔA, Δ and λ only where H > 1, at H = 1 they are contiguous; a lone head of ours takes all
+    # its pairs in one block of the rotation)
+    sizes = ((1, 2), (2 * L, 4 * L), (2, 4))
     check = (3, 3 * L, 3)
     if a.official:
         if a.dtype != "bf16" or a.sites:
@@ -386,14 +465,23 @@ def main(argv=None):
     keys = sorted({k for c in counted.values() for k in c}, key=lambda k: (k[1] != "fwd", k[0].startswith("torch:"), k))
     site_keys = [k for k in keys if len(k) == 3]
     keys = [k for k in keys if len(k) == 2]
-    rows, worst = [], 0.
+    rows, worst, off = [], 0., []
     for key in keys:
         row = dict(kernel=key[0], phase=key[1])
-        for field in ("read", "write") + (() if key[0].startswith("torch:") else ("read_unique", "write_unique")):
+        kernel = not key[0].startswith("torch:")
+        fields = ("read", "write") + (("read_unique", "write_unique", "programs", "serial_steps", "flops", "fp32_flops")
+                                      if kernel else ())
+        for field in fields:
             fit = multilinear_fit({c: v.get(key, {}).get(field, 0) for c, v in counted.items()}, sizes)
             got, want = evaluate(fit, check), counted[check].get(key, {}).get(field, 0)
+            if abs(got - want) > 0.5: off.append(f"{key[0]} {key[1]} {field}: fit {got:.1f}, counted {want}")
             worst = max(worst, abs(got - want))
-            row[f"{field}_bytes"] = round(evaluate(fit, a.shape))
+            name = field if field in ("programs", "serial_steps", "flops", "fp32_flops") else f"{field}_bytes"
+            row[name] = round(evaluate(fit, a.shape))
+        row["launches"] = counted[check].get(key, {}).get("launches", 0)
+        row["modelled_us"] = {g: modelled(row, g) for g in GPUS}
+        if kernel: row["programs_per_sm"] = {g: round(row["programs"] / max(row["launches"], 1) / GPUS[g]["sms"], 2)
+                                             for g in GPUS}
         rows.append(row)
     site_rows = []
     for key in site_keys:
@@ -404,34 +492,99 @@ def main(argv=None):
             row[f"{field}_bytes"] = round(evaluate(fit, a.shape))
         site_rows.append(row)
     if worst > 0.5:
-        print(f"ssd_traffic: the counts are not multilinear in (b, T, H): off by {worst:.0f} B at {check}", file=sys.stderr)
+        print(f"ssd_traffic: the counts are not multilinear in (b, T, H): off by {worst:.0f} at {check} "
+              f"({'; '.join(off[:4]) or 'a site'})", file=sys.stderr)
         return 1
-    fwd = sum(r["read_bytes"] + r["write_bytes"] for r in rows if r["phase"] == "fwd")
-    bwd = sum(r["read_bytes"] + r["write_bytes"] for r in rows if r["phase"] == "bwd")
+    totals = {ph: [r for r in rows if r["phase"] == ph or ph == "fwd+bwd"] for ph in ("fwd", "fwd+bwd")}
     b, T, H = a.shape
     print(f"counted at {len(counted)} shapes (b, T, H) in {sizes}; the fit reproduces the count at {check} exactly")
     print(f"{what}, per layer at b{b} T{T} H{H} P{a.P} N{a.N} S{a.S}, chunk {L}, {a.dtype}, shared B/C + biases; "
           "GB = 1e9 bytes")
-    print(f"{'kernel':44} {'phase':5} {'read GB':>8} {'write GB':>8} {'total GB':>8} {'unique rd/wr GB':>16}")
+    print(f"modelled time per launch = max(bytes / bandwidth, dot FLOPs / peak, waves x serial steps x {STEP_S * 1e6:g} us); "
+          f"{STEP_WHY} (bench/gpu_model.py)")
+    gpus = list(GPUS)
+    print(f"{'kernel':22} {'phase':5} {'n':>2} {'programs':>9} {'/SM':>6} {'steps':>6} {'read GB':>8} {'write GB':>8} "
+          f"{'GFLOP':>7} " + " ".join(f"{g + ' us':>14}" for g in gpus) + "  H100 bound")
     for r in rows:
         tot = r["read_bytes"] + r["write_bytes"]
-        uniq = (f"{r['read_unique_bytes'] / 1e9:8.3f}/{r['write_unique_bytes'] / 1e9:.3f}"
-                if "read_unique_bytes" in r else "")
-        if tot: print(f"{r['kernel']:44} {r['phase']:5} {r['read_bytes'] / 1e9:8.3f} {r['write_bytes'] / 1e9:8.3f} "
-                      f"{tot / 1e9:8.3f} {uniq:>16}")
-    print(f"{'total':44} {'fwd':5} {'':8} {'':8} {fwd / 1e9:8.3f}")
-    print(f"{'total':44} {'fwd+bwd':5} {'':8} {'':8} {(fwd + bwd) / 1e9:8.3f}")
+        if not tot and not r.get("programs"): continue
+        work = (f"{r['programs']:9d} {r['programs_per_sm']['H100-SXM']:6.1f} {r['serial_steps']:6d}" if "programs" in r
+                else f"{'':9} {'':6} {'':6}")
+        flops = (r.get("flops", 0) + r.get("fp32_flops", 0)) / 1e9
+        print(f"{r['kernel'][:22]:22} {r['phase']:5} {r['launches']:2d} {work} {r['read_bytes'] / 1e9:8.3f} "
+              f"{r['write_bytes'] / 1e9:8.3f} {flops:7.1f} " + " ".join(f"{r['modelled_us'][g]:14.1f}" for g in gpus)
+              + f"  {bound_of(r, 'H100-SXM')}")
+    out_totals = []
+    for ph, rs in totals.items():
+        tot = sum(r["read_bytes"] + r["write_bytes"] for r in rs)
+        us = {g: round(sum(r["modelled_us"][g] for r in rs), 1) for g in gpus}
+        out_totals.append(dict(kernel="total", phase=ph, bytes=tot, modelled_us=us,
+                               programs=sum(r.get("programs", 0) for r in rs)))
+        print(f"{'total':22} {ph:7} {'':9} {'':6} {'':6} {tot / 1e9:17.3f} {'':7} "
+              + " ".join(f"{us[g]:14.1f}" for g in gpus))
     if site_rows:
         print(f"\nby site (function:line in {os.path.basename(st.__file__)}):")
         print(f"{'kernel':12} {'phase':5} {'read GB':>8} {'write GB':>8}  site")
         for r in site_rows:
             print(f"{r['kernel']:12} {r['phase']:5} {r['read_bytes'] / 1e9:8.3f} {r['write_bytes'] / 1e9:8.3f}  {r['site']}")
-    rows += [dict(kernel="total", phase="fwd", bytes=fwd), dict(kernel="total", phase="fwd+bwd", bytes=fwd + bwd)]
+    rows += out_totals
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(implementation=what, shape=dict(b=b, T=T, H=H, P=a.P, N=a.N, S=a.S, chunk=L), dtype=a.dtype,
-                           arch=None if a.official else a.arch, rows=rows, **(dict(sites=site_rows) if site_rows else {})), f, indent=1)
+                           arch=None if a.official else a.arch, model=dict(step_us=STEP_S * 1e6, step_why=STEP_WHY, gpus=GPUS),
+                           rows=rows, **(dict(sites=site_rows) if site_rows else {})), f, indent=1)
     return 0
+
+
+def compare(ours_path, official_path, out=None):
+    """Two counts at the same shape (`--json` of a run and of an `--official` run), side by side: per GPU the modelled
+    µs of a layer, forward and forward + backward, and ours over the official's; bytes; the fewest programs and most
+    serial steps of a launch. Returns 0, or 2 when the shapes differ."""
+    ours, theirs = (json.load(open(p)) for p in (ours_path, official_path))
+    if ours["shape"] != theirs["shape"]:
+        print(f"ssd_traffic: --compare: the shapes differ: {ours['shape']} and {theirs['shape']}", file=sys.stderr)
+        return 2
+    total = lambda r, ph: next(x for x in r["rows"] if x["kernel"] == "total" and x["phase"] == ph)
+    launches = lambda r: [x for x in r["rows"] if "programs" in x and x["kernel"] != "total"]
+    side = {}
+    for name, r in (("ours", ours), ("official", theirs)):
+        side[name] = dict(file=os.path.basename(ours_path if name == "ours" else official_path),
+                          modelled_us={ph: total(r, ph)["modelled_us"] for ph in ("fwd", "fwd+bwd")},
+                          bytes={ph: total(r, ph)["bytes"] for ph in ("fwd", "fwd+bwd")},
+                          fewest_programs=min(x["programs"] for x in launches(r)),
+                          most_serial_steps=max(x["serial_steps"] for x in launches(r)))
+    ratio = {ph: {g: round(side["ours"]["modelled_us"][ph][g] / side["official"]["modelled_us"][ph][g], 4) for g in GPUS}
+             for ph in ("fwd", "fwd+bwd")}
+    print(f"per layer at {ours['shape']}: modelled µs, ours / official")
+    for ph in ("fwd", "fwd+bwd"):
+        for g in GPUS:
+            print(f"  {ph:7} {g:10} {side['ours']['modelled_us'][ph][g]:9.1f} {side['official']['modelled_us'][ph][g]:9.1f}"
+                  f"  {ratio[ph][g]:.3f}x")
+    for name in side:
+        print(f"  {name}: fewest programs {side[name]['fewest_programs']}, most serial steps {side[name]['most_serial_steps']},"
+              f" {side[name]['bytes']['fwd+bwd'] / 1e9:.3f} GB forward + backward")
+    if out:
+        with open(out, "w") as f:
+            json.dump(dict(shape=ours["shape"], model=ours.get("model"), ours=side["ours"], official=side["official"],
+                           ratio=ratio), f, indent=1)
+    return 0
+
+
+def _per_launch(r):
+    "A row's work per launch (its launches are alike): bytes, dot FLOPs, fp32 FLOPs, programs, serial steps."
+    n = max(r.get("launches", 1), 1)
+    return dict(bytes=(r["read_bytes"] + r["write_bytes"]) / n, dot_flops=r.get("flops", 0) / n,
+                flops=r.get("fp32_flops", 0) / n, programs=r.get("programs", 0) / n, serial_steps=r.get("serial_steps", 0))
+
+
+def modelled(r, gpu):
+    "Modelled µs of a row on `gpu`: its launches one after another (bench/gpu_model.py)."
+    return round(max(r.get("launches", 1), 1) * modelled_us(gpu, **_per_launch(r)), 2)
+
+
+def bound_of(r, gpu):
+    "The term that bounds a row's modelled time on `gpu`: memory, math or latency."
+    return bound(gpu, **_per_launch(r))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ def note(x):
     "A model_gpu.jsonl line's note: its error, or the phase it was cut in and the timed steps its numbers cover."
     if x.get("error") or x.get("status") in (None, "ok"):
         return x.get("error", "")
+    if x.get("note"):
+        return f"{x['status']}: {x['note']}"
     return f"{x['status']} ({x.get('steps_done', 0)} of {x.get('steps')} timed steps)"
 
 
@@ -53,25 +55,55 @@ def render_known(name, results):
         if isinstance(r, str):
             lines.append(f"- {fname}: {r}")
         elif fname == "env.json":
+            if r.get("missing"):
+                m = r["missing"]
+                lines.append(f"- **missing module `{m.get('name')}`** (needed by {m.get('needed_by')}): {m.get('error')}")
+            elif r.get("imports"):
+                lines.append(f"- imports: all {r['imports'].get('modules')} modules the suite needs "
+                             f"({r['imports'].get('seconds')} s)")
             lines.append(f"- {r.get('device')} | python {r.get('python')} | torch {r.get('torch')} | triton {r.get('triton')}"
                          f" | numpy {r.get('numpy')} | CUDA {r.get('cuda')}")
+            if "gpu" in r:
+                ds = r.get("datasheet")
+                lines.append(f"- datasheet (bench/gpu_model.py GPUS): {r['gpu']}: {ds['bandwidth'] / 1e12:.2f} TB/s, "
+                             f"{ds['tensor'] / 1e12:.0f} TFLOP/s bf16 dense, {ds['sms']} SMs" if ds else
+                             "- datasheet: this GPU is not in bench/gpu_model.py's GPUS: no MFU or roofline reported")
             if "copy_tbps" in r:
+                of = (f" ({r['copy_of_datasheet']:.0%} and {r['matmul_of_datasheet']:.0%} of the datasheet)"
+                      if "copy_of_datasheet" in r else "")
                 lines.append(f"- measured ceilings: copy {r['copy_tbps']:.2f} TB/s (read + write), bf16 matmul "
-                             f"{r['bf16_matmul_tflops']:.0f} TFLOP/s ({r['matmul_n']}³, random data)")
-            lines.append("- peers: " + "; ".join(f"{k} {v}" for k, v in r.get("peers", {}).items()))
+                             f"{r['bf16_matmul_tflops']:.0f} TFLOP/s ({r['matmul_n']}³, random data){of}")
+            if "peers" in r:
+                lines.append("- peers: " + "; ".join(f"{k} {v}" for k, v in r["peers"].items()))
         elif fname.endswith(".jsonl"):
-            lines += ["| preset | batch x seq | ckpt | ssd | ms/step | tokens/s | MFU | peak GiB | note |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+            lines += ["| preset | batch x seq | ckpt | ssd | ms/step | tokens/s | MFU | peak GiB | floor GiB | note |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
             for x in r:
                 lines.append(f"| {x.get('preset')} | {x.get('batch')}x{x.get('seq_len')} | {x.get('grad_checkpoint')} | "
                              f"{x.get('ssd_dispatch')} | {fmt(x.get('ms_per_step'), '.1f')} | "
                              f"{fmt(x.get('tokens_per_s'), ',.0f')} | {fmt(x.get('mfu'), '.1%')} | "
-                             f"{fmt(x.get('peak_mem_gib'), '.1f')} | {note(x)} |")
+                             f"{fmt(x.get('peak_mem_gib'), '.1f')} | {fmt(x.get('memory_floor_gib'), '.1f')} | {note(x)} |")
+            fpt = next((x for x in r if x.get("flops_per_token")), None)
+            if fpt:
+                lines += ["", f"MFU = tokens/s x {fpt['flops_per_token'] / 1e9:.3f} GFLOP/token (6 x params + the SSD "
+                          f"core; the recompute not counted) / {fmt(fpt.get('peak_tflops'), 'g')} TFLOP/s; floor: "
+                          "bench/model_memory.py's count (weights, gradients, saved tensors)"]
         elif fname == "train_gpu.json":
             m = r.get("meta", {})
-            lines += [f"- {m.get('preset')} ({m.get('params', 0) / 1e6:.0f}M) micro-batch {m.get('batch')} x "
-                      f"{m.get('seq_len')}, {m.get('dtype')}, grad_checkpoint={m.get('grad_checkpoint')}, "
-                      f"ssd={m.get('ssd_dispatch')}, {m.get('warmup')} warm-up + {m.get('steps')} timed steps per mode", "",
+            peak = m.get("peak_flops")
+            lines += [f"- {m.get('config')}: {m.get('preset')} ({(m.get('params') or 0) / 1e6:.0f}M) micro-batch "
+                      f"{m.get('batch')} x {m.get('seq_len')} x accum {m.get('accum')}, {m.get('dtype')}, "
+                      f"grad_checkpoint={m.get('grad_checkpoint')}, ssd={m.get('ssd_dispatch')}, compile mode "
+                      f"{m.get('compile_mode')}, {m.get('warmup')} warm-up + {m.get('steps')} timed steps per mode",
+                      f"- MFU = tokens/s x {fmt((m.get('flops_per_token') or 0) / 1e9, '.3f')} GFLOP/token (6 x params + "
+                      f"the SSD core; the recompute not counted) / "
+                      + (f"{peak / 1e12:g} TFLOP/s ({m.get('gpu')} datasheet)" if peak else "no peak: no MFU")
+                      + f"; memory floor {fmt(m.get('memory_floor_gib'), '.1f')} GiB (bench/model_memory.py)"]
+            if m.get("skipped"):
+                lines.append(f"- not run: {m['skipped']}")
+            if r.get("compiled_over_eager"):
+                lines.append(f"- compiled / eager tokens/s: {r['compiled_over_eager']:.2f}")
+            lines += ["",
                       "| mode | status | warm-up steps | warm-up s | timed steps | tokens/s | ms/step | MFU | peak GiB |",
                       "|---|---|---|---|---|---|---|---|---|"]
             for x in r.get("rows", []):

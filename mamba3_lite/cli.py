@@ -453,6 +453,8 @@ def eval_parser() -> argparse.ArgumentParser:
     h.add_argument("--include-path", metavar="DIR", help="a directory of extra task YAMLs (local tasks and data)")
     h.add_argument("--bootstrap-iters", type=_count, metavar="N", help="standard errors: closed "
                    f"form for accuracies, N bootstrap resamples for the other metrics; 0 = none (default: {BOOTSTRAP_ITERS:,}, lm-eval's)")
+    h.add_argument("--prefill-chunk", type=_positive, metavar="N", help="run at most N tokens a forward pass (log-likelihoods "
+                   "and generation prompts), the state carried between them: bounds memory on long inputs (default: all at once)")
     return p
 
 
@@ -494,8 +496,8 @@ def eval_cli(argv=None) -> int:
         from mamba3_lite.data import PretrainDataset, prepared_root, verify_in_background
         from mamba3_lite.evaluate import evaluate_bits_per_byte
         if a.tasks is None and (a.limit is not None or a.num_fewshot is not None or a.include_path
-                                 or a.bootstrap_iters is not None):
-            raise ValueError("--limit, --num-fewshot, --include-path and --bootstrap-iters go with --tasks")
+                                 or a.bootstrap_iters is not None or a.prefill_chunk is not None):
+            raise ValueError("--limit, --num-fewshot, --include-path, --bootstrap-iters and --prefill-chunk go with --tasks")
         device = resolve_device(a.device)
         model, cfg, what, out_dir = load_model(a.checkpoint_dir, a.step, device)
         enc = command_tokenizer(a.tokenizer, cfg, what.get("model_dir"), model.config.vocab_size)
@@ -533,12 +535,13 @@ def eval_tasks(a, model, cfg, what: dict, out_dir: Path, enc=None) -> int:
     from mamba3_lite.harness import Mamba3LM, results_path, run_tasks, results_table, write_results
 
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
-    lm = Mamba3LM(model, encoding=enc, max_length=cfg.data.max_seq_len, batch_size=a.batch_size)
+    lm = Mamba3LM(model, encoding=enc, max_length=cfg.data.max_seq_len, batch_size=a.batch_size, prefill_chunk=a.prefill_chunk)
     lm.step, lm.checkpoint_dir = what.get("step"), out_dir
     iters = BOOTSTRAP_ITERS if a.bootstrap_iters is None else a.bootstrap_iters
     res = run_tasks(lm, tasks, limit=a.limit, num_fewshot=a.num_fewshot, include_path=a.include_path, bootstrap_iters=iters)
     info = {**what, "checkpoint_dir": str(out_dir.absolute()), "max_length": lm.max_length, "batch_size": a.batch_size,
-            "limit": a.limit, "num_fewshot": a.num_fewshot, "bootstrap_iters": iters, "tasks": tasks}
+            "limit": a.limit, "num_fewshot": a.num_fewshot, "bootstrap_iters": iters, "tasks": tasks,
+            "prefill_chunk": a.prefill_chunk}
     print(results_table(res))
     print(f"{'step=' + str(lm.step) if lm.step is not None else 'model=' + str(a.checkpoint_dir)}"
           + (_kept("the results", lambda: write_results(res, a.output or results_path(out_dir, lm.step, tasks), info))
@@ -560,6 +563,10 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto = cuda when torch sees one)")
     p.add_argument("--tokenizer", metavar="T", help="gpt2 or a tokenizer.json (default: the run's, or the model directory's "
                    "tokenizer.json, else gpt2)")
+    p.add_argument("--prefill-chunk", type=_positive, metavar="N", help="prefill the prompt N tokens at a time, the state "
+                   "carried between pieces: bounds memory on a long prompt (default: all at once)")
+    p.add_argument("--no-cuda-graph", action="store_true", help="on a GPU, run each decode step op by op instead of "
+                   "replaying it as one CUDA graph")
     return p
 
 
@@ -580,7 +587,8 @@ def generate_cli(argv=None) -> int:
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=a.max_new_tokens,
                              temperature=a.temperature, top_k=a.top_k or None, top_p=a.top_p,
                              eos_id=enc.eot_token, seed=a.seed,
-                             reset_after=enc.eot_token if cfg.data.reset_at_eos else None)
+                             reset_after=enc.eot_token if cfg.data.reset_at_eos else None,
+                             prefill_chunk=a.prefill_chunk, cuda_graph=not a.no_cuda_graph)
         print(enc.decode(out[0].tolist()))
         return 0
     return run_cli(generate_parser(), argv, body)

@@ -288,7 +288,7 @@ def build_model_config(config: TrainingConfig, log: Callable[[str], None] = prin
 
 # %% ../nbs/09_config.ipynb #63edcb47
 RESUME_META = {"scheduler": dict, "rng": dict, "data_position": list, "tokens_seen": int, "config": dict}
-MODEL_KNOBS_ON_RESUME = ("chunk_size", "ssd_dispatch", "grad_checkpoint")  # speed and memory only
+MODEL_KNOBS_ON_RESUME = ("chunk_size", "ssd_dispatch", "grad_checkpoint", "decode_dispatch", "state_dtype")  # speed and memory only
 FIXED_ON_RESUME = ("data.max_seq_len", "data.shuffle", "data.dummy", "training.seed")  # the data order
 OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup_steps", "max_steps", "lr_schedule", "wsd_decay_frac", "wsd_decay_shape",
                   "weight_decay", "betas", "eps")

@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['PRESETS', 'ModelConfig', 'parameter_breakdown', 'closed_form_num_parameters', 'physical_memory_bytes',
            'check_fits_in_memory', 'SwiGLU', 'Mamba3Layer', 'LMOutput', 'TiedLMHead', 'Mamba3Transformer',
-           'sample_next']
+           'sample_next', 'StaticDecoder']
 
 # %% ../nbs/03_model.ipynb #c0761c14
 import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional, Sequence, Union
 
 from fastcore.basics import patch
 import torch
@@ -268,14 +268,15 @@ def _check_seq_idx(seq_idx, input_ids):
 
 
 @patch
-def _backbone(self: Mamba3Transformer, input_ids: torch.Tensor, return_states: bool = False, seq_idx=None):
-    "input_ids (b,T) -> final-normed hidden (b,T,d) and, if asked, each layer's final SSDState."
+def _backbone(self: Mamba3Transformer, input_ids: torch.Tensor, return_states: bool = False, seq_idx=None,
+              initial_states: Optional[List[SSDState]] = None):
+    "input_ids (b,T) -> final-normed hidden (b,T,d) and, if asked, each layer's final SSDState (starting from `initial_states`)."
     x = self.embed(input_ids)
     x = x.to(_residual_dtype(x))
     states = []
-    for layer in self.layers:
+    for i, layer in enumerate(self.layers):
         if return_states:
-            x, state = layer(x, return_state=True, seq_idx=seq_idx)
+            x, state = layer(x, None if initial_states is None else initial_states[i], return_state=True, seq_idx=seq_idx)
             states.append(state)
         else:
             x = layer(x, seq_idx=seq_idx)
@@ -306,21 +307,51 @@ def forward(self: Mamba3Transformer, input_ids: torch.Tensor, targets: Optional[
 # %% ../nbs/03_model.ipynb #3cdf9418
 @patch
 def allocate_cache(self: Mamba3Transformer, batch_size: int, device=None) -> List[SSDState]:
-    "A zero (empty-context) decode cache: one fp32 SSDState per layer."
+    "A zero (empty-context) decode cache: one SSDState per layer (h, k, v in the config's `state_dtype`, the angle fp32)."
     require(isinstance(batch_size, int) and batch_size >= 1, "batch_size", f"expected an int >= 1, got {batch_size!r}")
     device = self.embed.weight.device if device is None else device
     return [layer.mixer.allocate_state(batch_size, device) for layer in self.layers]
 
 
+def _restart_rows(states: List[SSDState], rows: torch.Tensor) -> List[SSDState]:
+    "Each layer's state with the batch rows `rows` (b,) bool set to the empty (zero) state."
+    zero = lambda t: t.masked_fill(rows.view(-1, *(1,) * (t.dim() - 1)), 0)
+    return [SSDState(*(zero(t) for t in s)) for s in states]
+
+
+@patch
+def pieces(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[torch.Tensor] = None,
+           prefill_chunk: Optional[int] = None):
+    """Yield (start, h, states) for consecutive pieces of input_ids (b,T) of at most `prefill_chunk` tokens (None: one
+    piece): h (b,t,d) the final-normed hidden states of tokens start .. start+t-1, states each layer's SSDState after
+    them. A piece starts from the states the previous one ended with (the rows whose document starts at its first
+    token: from the empty state), so the pieces give what one pass does while holding the activations of one piece."""
+    T = input_ids.shape[1]
+    L = T if prefill_chunk is None else prefill_chunk
+    require(isinstance(L, int) and not isinstance(L, bool) and L >= 1, "prefill_chunk", f"expected None or an int >= 1, got {prefill_chunk!r}")
+    states = None
+    for s in range(0, T, L):
+        if states is not None and seq_idx is not None:
+            states = _restart_rows(states, seq_idx[:, s] != seq_idx[:, s - 1])
+        h, states = self._backbone(input_ids[:, s:s + L], return_states=True, initial_states=states,
+                                   seq_idx=None if seq_idx is None else seq_idx[:, s:s + L])
+        yield s, h, states
+
+
+# %% ../nbs/03_model.ipynb #c2d0a011
 @patch
 @torch.no_grad()
-def prefill(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[torch.Tensor] = None):
-    "input_ids (b,T) -> (logits of the last position (b,V), cache); seq_idx (b,T) as in `forward`."
+def prefill(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[torch.Tensor] = None,
+            prefill_chunk: Optional[int] = None):
+    """input_ids (b,T) -> (logits of the last position (b,V), cache in `allocate_cache`'s dtypes); seq_idx (b,T) as in
+    `forward`; prefill_chunk: at most this many tokens a forward pass, the state carried between them (`pieces`)."""
     _check_ids("input_ids", input_ids, 2)
     _check_seq_idx(seq_idx, input_ids)
-    h, states = self._backbone(input_ids, return_states=True, seq_idx=seq_idx)
-    own = lambda t: t.detach().to(_residual_dtype(t)).clone(memory_format=torch.contiguous_format)
-    cache = [SSDState(*(own(t) for t in s)) for s in states]   # own storage: no view into prefill activations
+    for _, h, states in self.pieces(input_ids, seq_idx, prefill_chunk):
+        pass
+    like = self.allocate_cache(1, device="meta")            # the cache's dtypes
+    own = lambda t, d: t.detach().to(d.dtype).clone(memory_format=torch.contiguous_format)
+    cache = [SSDState(*(own(t, d) for t, d in zip(s, z))) for s, z in zip(states, like)]   # own storage: no view into activations
     return self.lm_head(h[:, -1]), cache
 
 
@@ -339,18 +370,24 @@ def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState]
         for layer, state in zip(self.layers, cache):
             x, new = layer.step(x, state, reset)
             for dst, src in zip(state, new):
-                dst.copy_(src)
+                if dst is not src: dst.copy_(src)    # (the fused step advances the cache's own tensors)
     return torch.mm(self.norm_f.step(x), head)
 
+
 # %% ../nbs/03_model.ipynb #e1305415
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
-                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    "logits (b,V) -> token ids (b,) by greedy / temperature / top-k / nucleus sampling."
+def _check_sampling(temperature, top_k, top_p):
+    "ValueError naming the first sampling setting out of its range."
     require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature",
              f"expected a number >= 0, got {temperature!r}")
     require(top_k is None or (isinstance(top_k, int) and top_k >= 1), "top_k", f"expected None or an int >= 1, got {top_k!r}")
     require(top_p is None or (isinstance(top_p, (int, float)) and 0 < top_p <= 1), "top_p",
              f"expected None or a number in (0, 1], got {top_p!r}")
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
+                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    "logits (b,V) -> token ids (b,) by greedy / temperature / top-k / nucleus sampling."
+    _check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(-1)
     logits = fp32(logits) / temperature
@@ -363,45 +400,171 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[
         mass_before = probs.cumsum(-1) - probs
         drop_sorted = mass_before >= top_p
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+    probs = logits.softmax(-1)                   # one draw from probs: argmax of probs / q with q ~ Exp(1) (what
+    q = torch.empty_like(probs).exponential_(generator=generator)   # torch.multinomial draws one sample by, without
+    return (probs / q).argmax(-1)                # its host-side checks: nothing here waits on the GPU)
+
+# %% ../nbs/03_model.ipynb #c2d0a002
+class StaticDecoder:
+    """`generate`'s decode loop on fixed buffers (the cache, the token each row feeds next and the one before it, the
+    finished rows, the new tokens and their count): `advance()` is one step done in place, captured once into a CUDA
+    graph and replayed on a CUDA device with `cuda_graph=True`, run as it is otherwise."""
+    def __init__(self, model, batch_size: int, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, eos_id: Optional[int] = None, reset_after: Optional[int] = None,
+                 generator: Optional[torch.Generator] = None, cuda_graph: bool = True):
+        dev = model.embed.weight.device
+        self.model, self.sampling, self.generator = model, (temperature, top_k, top_p), generator
+        self.eos_id, self.reset_after = eos_id, reset_after
+        zeros = lambda *shape, dtype=torch.long: torch.zeros(*shape, dtype=dtype, device=dev)
+        self.cache = model.allocate_cache(batch_size)
+        self.token, self.prev = zeros(batch_size), zeros(batch_size)        # fed next, and the token before it
+        self.finished = zeros(batch_size, dtype=torch.bool)
+        self.out, self.count = zeros(batch_size, max_new_tokens), zeros(1)   # new tokens, columns written
+        self.graph = self._capture() if cuda_graph and dev.type == "cuda" else None
+
+    def _emit(self, logits: torch.Tensor):
+        "Draw from logits (b,V) (finished rows: eos_id), write the tokens as column `count`; they are fed next."
+        nxt = sample_next(logits, *self.sampling, generator=self.generator)
+        if self.eos_id is not None:
+            nxt = torch.where(self.finished, torch.full_like(nxt, self.eos_id), nxt)
+            self.finished |= nxt == self.eos_id
+        self.out.index_copy_(1, self.count, nxt[:, None])
+        self.count += 1
+        if self.reset_after is not None: self.prev.copy_(self.token)   # (only a reset reads it)
+        self.token.copy_(nxt)
+
+    def _step(self):
+        "One token: the model's step (a row whose last token was `reset_after` starts a new document), then `_emit`."
+        reset = None if self.reset_after is None else self.prev == self.reset_after
+        self._emit(self.model.step(self.token, self.cache, reset))
+
+    def start(self, cache: List[SSDState], last_tokens: torch.Tensor, logits: torch.Tensor):
+        "Load a prefilled cache and the prompts' last tokens (b,), and emit the first new tokens from the prefill's logits."
+        for dst, src in zip(self.cache, cache):
+            for d, s in zip(dst, src): d.copy_(s)
+        self.token.copy_(last_tokens)
+        self.finished.zero_()
+        self.count.zero_()
+        self._emit(logits)
+
+    def advance(self):
+        "One decode step: the captured graph replayed, or `_step` run."
+        if self.graph is None: self._step()
+        else: self.graph.replay()
+
+
+# %% ../nbs/03_model.ipynb #c2d0a012
+@patch
+def decode(self: StaticDecoder, steps: int, stop: Optional[Callable] = None) -> dict:
+    """Up to `steps` more tokens after `start`, until every row has finished (at eos_id, or where `stop(its new ids)`
+    first says True): {row: the column where `stop` did}. The host reads `finished` every step, or every 8 replays of a
+    graph (each read waits for the GPU; the caller cuts the columns past the end)."""
+    stopped, new = {}, [[] for _ in range(self.out.shape[0])]
+    poll = 1 if self.graph is None or stop is not None else 8
+    for i in range(1, steps + 1):
+        if stop is not None:
+            for r, tok in enumerate(self.out[:, i - 1].tolist()):
+                new[r].append(tok)
+                if r not in stopped and stop(new[r]):
+                    stopped[r] = i - 1
+                    self.finished[r] = True
+        if (self.eos_id is not None or stop is not None) and i % poll == 0 and bool(self.finished.all()):
+            break
+        self.advance()
+    return stopped
+
+
+@patch
+def _capture(self: StaticDecoder) -> "torch.cuda.CUDAGraph":
+    """`_step` captured into a CUDA graph, after one warm-up run on a side stream (the kernels compile, the step's
+    constants are made); the generator's state is put back as the warm-up found it."""
+    rng = None if self.generator is None else self.generator.get_state()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        self._step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    if self.generator is not None: graph.register_generator_state(self.generator)
+    with torch.cuda.graph(graph):
+        self._step()
+    if rng is not None: self.generator.set_state(rng)
+    return graph
+
 
 # %% ../nbs/03_model.ipynb #9f2d6b40
+def _left_padded(prompts: Sequence, device) -> tuple:
+    """A list of b prompts (sequences or 1-D tensors of token ids, any lengths >= 1) -> (ids (b,T) long, left-padded
+    with 0 to the longest, starts (b,) the column of each prompt's first token)."""
+    rows = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+    require(len(rows) >= 1 and all(len(r) >= 1 for r in rows), "input_ids", "every prompt needs at least one token")
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows): ids[i, T - len(r):] = r
+    return ids.to(device), torch.tensor([T - len(r) for r in rows], device=device)
+
+
+def _finished_at(new: torch.Tensor, eos_id: Optional[int], stopped: dict) -> list:
+    "Each row's column of new (b,n) where it finished (its first eos_id, or where `stop` said so), or None."
+    out = []
+    for i, row in enumerate(new.tolist()):
+        ends = [j for j in (row.index(eos_id) if eos_id in row else None, stopped.get(i)) if j is not None]
+        out.append(min(ends) if ends else None)
+    return out
+
+
+# %% ../nbs/03_model.ipynb #c2d0a013
 @patch
 @torch.no_grad()
-def generate(self: Mamba3Transformer, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-              top_k: Optional[int] = None, top_p: Optional[float] = None, eos_id: Optional[int] = None,
-              seed: Optional[int] = None, reset_after: Optional[int] = None) -> torch.Tensor:
-    "Sample up to max_new_tokens after equal-length prompts (b,T0); returns (b, T0+n) long."
-    _check_ids("input_ids", input_ids, 2)
-    require(input_ids.shape[1] >= 1, "input_ids", "prompts must hold at least one token")
+def generate(self: Mamba3Transformer, input_ids: Union[torch.Tensor, Sequence], max_new_tokens: int,
+             temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+             eos_id: Optional[int] = None, seed: Optional[int] = None, reset_after: Optional[int] = None,
+             prefill_chunk: Optional[int] = None, cuda_graph: bool = True, stop: Optional[Callable] = None,
+             generator: Optional[torch.Generator] = None):
+    """Sample up to max_new_tokens after each prompt. input_ids (b,T0), equal-length prompts -> (b, T0+n) long; or a
+    list of b prompts of any lengths -> a list of b 1-D long tensors, each its prompt and its new tokens up to its
+    first eos_id (or the token after which `stop(new ids)` returned True). prefill_chunk: prefill in pieces of at most
+    that many tokens. cuda_graph: on a CUDA device, each step a replay of one CUDA graph (False: run op by op)."""
+    ragged = isinstance(input_ids, (list, tuple))
+    if ragged:
+        ids, starts = _left_padded(input_ids, self.embed.weight.device)
+    else:
+        _check_ids("input_ids", input_ids, 2)
+        require(input_ids.shape[1] >= 1, "input_ids", "prompts must hold at least one token")
+        ids, starts = input_ids.long(), None
     require(isinstance(max_new_tokens, int) and max_new_tokens >= 0, "max_new_tokens",
              f"expected an int >= 0, got {max_new_tokens!r}")
-    generator = None
+    require(seed is None or generator is None, "generator", "give a seed or a generator, not both")
+    b, T0 = ids.shape
+    prompts = (lambda new, ends: [torch.cat((ids[i, int(starts[i]):], new[i, :n])) for i, n in enumerate(ends)]) if ragged \
+        else (lambda new, ends: torch.cat((ids, new), 1))
+    if max_new_tokens == 0:
+        return prompts(ids[:, :0], [0] * b)
+    docs = None if reset_after is None else seq_idx_from_eos(ids, reset_after)
+    if ragged and bool((starts > 0).any()):               # the padding: a document of its own, before each prompt
+        first = (torch.arange(T0, device=ids.device) >= starts[:, None]).long()
+        docs = first if docs is None else docs + first
     if seed is not None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+        generator = torch.Generator(device=ids.device).manual_seed(seed)
+    sampling = (temperature, top_k, top_p)
+    _check_sampling(*sampling)
     was_training = self.training
     self.eval()
     clear_step_constants(self)                # the step's constants: made once for this call, from the current weights
     try:
-        out = [input_ids.long()]
-        if max_new_tokens == 0:
-            return out[0]
-        docs = None if reset_after is None else seq_idx_from_eos(input_ids, reset_after)
-        with torch.inference_mode():          # no autograd bookkeeping per op; the cache and the logits stay in here
-            logits, cache = self.prefill(input_ids, seq_idx=docs)
-            prev = input_ids[:, -1]
-            finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-            for i in range(max_new_tokens):
-                nxt = sample_next(logits, temperature, top_k, top_p, generator)
-                if eos_id is not None:
-                    nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
-                    finished |= nxt == eos_id
-                out.append(nxt.unsqueeze(1))
-                if i == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
-                    break
-                logits = self.step(nxt, cache, None if reset_after is None else prev == reset_after)
-                prev = nxt
-        return torch.cat(out, dim=1)          # made outside: an ordinary tensor, not an inference tensor
+        dec = StaticDecoder(self, b, max_new_tokens, *sampling, eos_id, reset_after, generator, cuda_graph)
+        with torch.inference_mode():          # no autograd bookkeeping per op (the decoder's buffers are ordinary tensors)
+            logits, cache = self.prefill(ids, seq_idx=docs, prefill_chunk=prefill_chunk)
+            dec.start(cache, ids[:, -1], logits)
+            del logits, cache
+            stopped = dec.decode(max_new_tokens - 1, stop)
+        n = int(dec.count)
+        out = dec.out[:, :n]
+        ends = _finished_at(out, eos_id, stopped)
+        if not ragged and all(e is not None for e in ends):
+            out = out[:, :max(ends) + 1]      # the columns until every row has finished
+        return prompts(out, [n if e is None else e + 1 for e in ends])
     finally:
         clear_step_constants(self)            # (they would keep the weights alive past a later `.to()`)
         self.train(was_training)
+

@@ -19,7 +19,8 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 from torch.library import triton_op, wrap_triton
 
-from .ssd import SSDState, angle_rate, document_starts, rotate_pairs, scan_scalars, seed_state, ssd_chunked
+from .ssd import SSDState, angle_rate, document_starts, rotate_pairs, seed_state
+from .ssd_fast import ssd_chunked
 
 # %% ../nbs/01_ssd_triton.ipynb #62b5dec8
 def check_block_dims(P, N, chunk_size):
@@ -159,96 +160,114 @@ def _rotate(e, o, cs, sn):
 constexpr = tl.constexpr if _INTERPRET else None
 
 
+# %% ../nbs/01_ssd_triton.ipynb #c4a1e002
+@triton.jit
+def _ssd_carry_kernel(turn_ptr, starts_ptr, phi0_ptr, phis_ptr, phit_ptr, H, S, NC, CB: tl.constexpr, SP: tl.constexpr,
+                      HAS_RST: tl.constexpr):
+    """The angle carry into every chunk of one (batch, head), from the chunks' turns (`_ssd_scalars_kernel`): Φ₀ plus
+    the turns of the chunks before, restarting after a chunk that holds a document start (from that chunk's own turn,
+    the turn of its last document), summed in fp64, wrapped, stored in fp32; the carry out of the last chunk is the
+    final angle Φ_T. CB chunks at a time, a segmented scan each; grid (H, b)."""
+    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    bh = ib * H + ih
+    s = tl.arange(0, SP); ms = s < S
+    cc = tl.arange(0, CB)
+    run = _wrap_carry(tl.load(phi0_ptr + bh * S + s, mask=ms, other=0.).to(tl.float64))   # any Φ₀ -> [0, 2π)
+    for c0 in tl.range(0, NC + 1, CB):                         # chunks 0..NC: "chunk NC" reads the final angle
+        c = c0 + cc
+        mp = (c >= 1) & (c <= NC)                              # chunk c reads the carry out of chunk c - 1
+        turn = tl.load(turn_ptr + (bh * NC + c - 1)[:, None] * S + s[None, :], mask=mp[:, None] & ms[None, :], other=0.)
+        if HAS_RST:
+            flag = tl.load(starts_ptr + ib * NC + c - 1, mask=mp, other=0)
+        else:
+            flag = tl.zeros((CB,), tl.int32)
+        val, fl = tl.associative_scan((turn, tl.broadcast_to(flag[:, None], turn.shape)), 0, _seg_add)
+        carry = _wrap_carry(tl.where(fl != 0, val, run[None, :] + val))      # (CB, SP): into chunk c
+        tl.store(phis_ptr + (bh * NC + c)[:, None] * S + s[None, :], _carry_f32(carry), mask=(c < NC)[:, None] & ms[None, :])
+        tl.store(phit_ptr + bh * S + s[None, :] + 0 * c[:, None], _carry_f32(carry), mask=(c == NC)[:, None] & ms[None, :])
+        run = tl.sum(tl.where((cc == CB - 1)[:, None], carry, 0.), axis=0)   # into the next block's first chunk
+
+def _carry_block(NC):
+    "Chunks a program of the angle-carry kernels scans at a time: all of them (and the final angle) up to 64."
+    return min(triton.next_power_of_2(NC + 1), 64)
+
 # %% ../nbs/01_ssd_triton.ipynb #58fb069d
 @triton.jit
-def _rotate_head(gbe, gbo, gce, gco, om, dtg, cbd, phi_c, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr, phis_ptr, ib, c, t0, ih,
-                 hh, kb, t, j, hr, cr, mt, st, first, last, H, S, NC, OM_H, om_hs, N: tl.constexpr, JB: tl.constexpr,
-                 NJB: tl.constexpr, OM_SHARED: tl.constexpr, HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _rotate_head(gbe, gbo, gce, gco, om, dtg, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr, phis_ptr, kl_ptr, ib, c, t0, ih, hh,
+                 j0, t, j, hr, mt, st, first, T, H, S, NC, OM_H, om_hs, L: tl.constexpr, N: tl.constexpr,
+                 JB: tl.constexpr, OM_SHARED: tl.constexpr, HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr,
                  HAS_RST: tl.constexpr):
-    """Head `ih` (the hh-th of its program) of one block `kb` of JB pairs of one chunk of the rotation: its bias added
-    to the group's B, C columns, rotated by its angles from its carry (row hh·NJB + kb of `phi_c`), stored; returns
-    `cbd` with its C·B partial sum added in column hh, and `phi_c` with its carry stepped over the chunk."""
-    be, bo = _add_bias(gbe, gbo, bb_ptr + 2 * kb * JB, ih, mt, N, JB, HAS_BIAS)
-    ce, co = _add_bias(gce, gco, cb_ptr + 2 * kb * JB, ih, mt, N, JB, HAS_BIAS)
-    cbd = tl.where((hr == hh)[None, :], cbd + tl.sum(ce * be + co * bo, axis=1)[:, None], cbd)
+    """Head `ih` (the hh-th of its program) of the block of JB pairs from pair j0 of one chunk: its bias added to the
+    group's B, C columns, rotated by its angles (the chunk's carry from `phis_ptr` plus the in-chunk sum) where the
+    block has any, stored, and the sequence's last key B̃_{T-1} in fp32 at `kl_ptr` (b, H, N), for the state a run
+    hands on."""
+    be, bo = _add_bias(gbe, gbo, bb_ptr + 2 * j0, ih, mt, N, JB, HAS_BIAS)
+    ce, co = _add_bias(gce, gco, cb_ptr + 2 * j0, ih, mt, N, JB, HAS_BIAS)
     if HAS_THETA:
-        mine = (cr == hh * NJB + kb)[:, None]
-        phi_h = tl.sum(tl.where(mine, phi_c, 0.), axis=0)           # this carry, exactly
-        phi_in = _carry_f32(phi_h)                                 # the fp32 carry this chunk's angles start from
-        tl.store(phis_ptr + ((ib * H + ih) * NC + c) * S + j, phi_in, mask=j < S)
-        if not OM_SHARED:
-            om = _load_omega(om_ptr + t0 * OM_H * S, t * OM_H + ih * om_hs, mt, j, S)
-        dt = tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1)
-        phi = _angles(om, dt, phi_in, t, st, first, HAS_RST)
-        if HAS_RST:                                                # the carry out: the last document's own rotation
-            last_doc = tl.where((t >= last)[:, None], dt[:, None] * om, 0.)
-            phi_h = _wrap_carry(tl.where(last < 0, phi_h, 0.) + tl.sum(last_doc.to(tl.float64), axis=0))
-        else:
-            phi_h = _wrap_carry(phi_h + tl.sum((dt[:, None] * om).to(tl.float64), axis=0))
-        phi_c = tl.where(mine, phi_h[None, :], phi_c)
-        cs, sn = tl.cos(phi), tl.sin(phi)
-        be, bo = _rotate(be, bo, cs, sn)
-        ce, co = _rotate(ce, co, cs, sn)
-    _store_pairs(bt_ptr + t0 * H * N + 2 * kb * JB, t * H + ih, mt, be, bo, N, JB)
-    _store_pairs(ct_ptr + t0 * H * N + 2 * kb * JB, t * H + ih, mt, ce, co, N, JB)
-    return cbd, phi_c
-
+        if j0 < S:                                             # a block of rotated pairs
+            phi_in = tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.)   # the chunk's carry
+            if not OM_SHARED:
+                om = _load_omega(om_ptr + t0 * OM_H * S, t * OM_H + ih * om_hs, mt, j, S)
+            phi = _angles(om, tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1), phi_in, t, st, first, HAS_RST)
+            cs, sn = tl.cos(phi), tl.sin(phi)
+            be, bo = _rotate(be, bo, cs, sn)
+            ce, co = _rotate(ce, co, cs, sn)
+    _store_pairs(bt_ptr + t0 * H * N + 2 * j0, t * H + ih, mt, be, bo, N, JB)
+    _store_pairs(ct_ptr + t0 * H * N + 2 * j0, t * H + ih, mt, ce, co, N, JB)
+    _store_pairs(kl_ptr + (ib * H + ih) * N + 2 * j0, t * 0, c * L + t == T - 1, be, bo, N, JB)
 
 # %% ../nbs/01_ssd_triton.ipynb #98849d55
 @triton.jit
-def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phi0_ptr, rst_ptr, bt_ptr, ct_ptr, cbd_ptr, phit_ptr,
-                       phis_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G, HG, L: tl.constexpr, N: tl.constexpr,
-                       NH: tl.constexpr, JB: tl.constexpr, HB: tl.constexpr, HGP: tl.constexpr, OM_SHARED: tl.constexpr,
-                       HAS_THETA: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
-    """Per-head rotated keys B̃ and queries C̃ of HB of the HG heads of one (batch, group), in the dot dtype, and the
-    diagonal's C·B. A walk over the chunks: per chunk, per block of JB pairs (JB | NH), the group's B, C columns (and ω
-    where the heads share it) are loaded once and the HB heads' B̃, C̃ columns made from them. It carries the fp64
-    angle carry of each of its heads and pairs, (HGP · NH / JB, JB), which it stores per chunk (fp32) and at the end;
-    grid (G, b, HG / HB)."""
-    ig, ib, ihb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)   # int64: b·T·H·N may pass 2^31
+def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, bt_ptr, ct_ptr, kl_ptr, T, H, S,
+                       NC, OM_H, om_hs, G, HG, L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, JB: tl.constexpr,
+                       HB: tl.constexpr, HGP: tl.constexpr, OM_SHARED: tl.constexpr, HAS_THETA: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
+    """Per-head rotated keys B̃ and queries C̃, in the dot dtype, of HB of the HG heads of one group, for one block of
+    JB pairs (JB | NH) of one chunk of one sequence. The group's B, C columns (and ω where the heads share it) are
+    loaded once and every head's B̃, C̃ columns made from them, each from its chunk's angle carry (`_ssd_carry_kernel`):
+    no program waits on another; grid (NC, b, G · HG / HB · NH / JB)."""
+    c, ib, q = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)   # int64: b·T·H·N may pass 2^31
     NJB: tl.constexpr = NH // JB
-    t = tl.arange(0, L); jj = tl.arange(0, JB); hr = tl.arange(0, HGP)
-    h0 = ig * HG + ihb * HB                                    # this program's first head
-    hcol = h0 + hr                                             # its heads (HGP >= HB: a power of two)
-    cr = tl.arange(0, HGP * NJB)                               # carry row hh·NJB + kb: head hh, block kb of JB pairs
-    jp = (cr % NJB)[:, None] * JB + jj[None, :]                # (HGP·NJB, JB): the pair of each carry element
-    m3 = (cr < HB * NJB)[:, None] & (jp < S)
-    gph = (ib * H + h0 + cr // NJB)[:, None] * S + jp          # rows of the (b, H, S) angle tensors
-    phi_c = tl.zeros((HGP * NJB, JB), tl.float64)              # the angle carries, fp64 (see "The angle carry")
+    ig, ihb, kb = q // (HG // HB * NJB), q // NJB % (HG // HB), q % NJB
+    h0, j0 = ig * HG + ihb * HB, kb * JB                       # this program's first head and pair
+    t = tl.arange(0, L); j = j0 + tl.arange(0, JB); hr = tl.arange(0, HGP)
+    t0 = ib * T + c * L                                        # first token of the chunk
+    mt = c * L + t < T
+    gbe, gbo = _load_pairs(b_ptr + t0 * G * N + 2 * j0, t * G + ig, mt, N, JB)   # the group's B, C columns, (L, JB)
+    gce, gco = _load_pairs(c_ptr + t0 * G * N + 2 * j0, t * G + ig, mt, N, JB)
+    dtg = tl.zeros((L, HGP), tl.float32)
+    om = gbe                                                   # a stand-in where ω is per head or absent
+    st, first = t, L                                           # one document
     if HAS_THETA:
-        phi_c = _wrap_carry(tl.load(phi0_ptr + gph, mask=m3, other=0.).to(tl.float64))  # any Φ₀ -> [0, 2π)
-    for c in tl.range(0, NC):
-        t0 = ib * T + c * L                                       # first token of the chunk
-        mt = c * L + t < T
-        rows = (t0 + t)[:, None] * H + hcol[None, :]              # (L, HGP): its heads' rows of (b, T, H) tensors
-        mth = mt[:, None] & (hr < HB)[None, :]
-        cbd = tl.zeros((L, HGP), tl.float32)                      # C·B = C̃·B̃ of its heads, for the diagonal
-        dtg = cbd
-        st, first, last = t, L, -1                                # one document: nothing is read
-        if HAS_THETA:
-            dtg = tl.load(dt_ptr + rows, mask=mth, other=0.)      # Δ of its heads
+        if j0 < S:                                             # Δ of its heads, ω where shared: for rotated pairs
+            dtg = tl.load(dt_ptr + (t0 + t)[:, None] * H + (h0 + hr)[None, :], mask=mt[:, None] & (hr < HB)[None, :],
+                          other=0.)
+            if OM_SHARED:                                      # ω (b, T, 1, S): one row for all heads
+                om = _load_omega(om_ptr + t0 * S, t, mt, j, S)
             if HAS_RST:
                 st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
-        for kb in range(NJB):                                     # the blocks of JB pairs
-            j = kb * JB + jj
-            boff = t0 * G * N + 2 * kb * JB
-            gbe, gbo = _load_pairs(b_ptr + boff, t * G + ig, mt, N, JB)   # the group's B, C columns, (L, JB) each
-            gce, gco = _load_pairs(c_ptr + boff, t * G + ig, mt, N, JB)
-            om = gbe                                              # a stand-in where ω is per head or absent
-            if HAS_THETA and OM_SHARED:                           # ω (b, T, 1, S): one row for all heads
-                om = _load_omega(om_ptr + t0 * S, t, mt, j, S)
-            for hh in range(HB):
-                cbd, phi_c = _rotate_head(gbe, gbo, gce, gco, om, dtg, cbd, phi_c, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr,
-                                          phis_ptr, ib, c, t0, h0 + hh, hh, kb, t, j, hr, cr, mt, st, first, last,
-                                          H, S, NC, OM_H, om_hs, N, JB, NJB, OM_SHARED, HAS_THETA, HAS_BIAS, HAS_RST)
-        tl.store(cbd_ptr + rows, cbd, mask=mth)
-    if HAS_THETA:
-        tl.store(phit_ptr + gph, _carry_f32(phi_c), mask=m3)
+    for hh in range(HB):
+        _rotate_head(gbe, gbo, gce, gco, om, dtg, bb_ptr, cb_ptr, om_ptr, bt_ptr, ct_ptr, phis_ptr, kl_ptr, ib, c, t0,
+                     h0 + hh, hh, j0, t, j, hr, mt, st, first, T, H, S, NC, OM_H, om_hs, L, N, JB, OM_SHARED, HAS_THETA,
+                     HAS_BIAS, HAS_RST)
 
+def _rotate_tiles(N, HG, dtype=torch.bfloat16):
+    """(HB, JB) of the rotation kernel for groups of HG heads: HB heads a program, JB pairs a block. A program takes
+    every head of its group (it reads the group's B, C columns once) and a block of at most 32 pairs (what its angle
+    tiles leave room for in registers); a head alone, blocks of 16 (at 32, ptxas settles on fewer registers and
+    spills)."""
+    return HG, 16 if HG == 1 else min(32, max(N // 2, 16))
 
 # %% ../nbs/01_ssd_triton.ipynb #3dc6f6cd
 @triton.jit
-def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, rst_ptr, y_ptr, ht_ptr, hs_ptr,
+def _weights(t, a2, sig, gam):
+    """W of one chunk, (L, L): e^{a_t - a_s} σ_s below the diagonal (a2: the log-decays a in log2 units), γ_t on it
+    (a token's own write, so that G ⊙ W gives the diagonal term γ_t C̃_t·B̃_t = γ_t C_t·B_t), 0 above."""
+    w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.) * sig[None, :]
+    return tl.where(t[:, None] == t[None, :], gam[:, None], w)
+
+@triton.jit
+def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, rst_ptr, y_ptr, ht_ptr, hs_ptr,
                     T, H, NC: constexpr, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
                     HAS_D: tl.constexpr, HAS_H0: tl.constexpr, HAS_RST: tl.constexpr, STORE: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
@@ -266,7 +285,6 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
     dskip = 0.
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
-    causal = t[:, None] > t[None, :]
     for c in tl.range(0, NC):                                 # pipelined: the loads depend on c only
         t0 = ib * T + c * L                                       # first token of the chunk
         mt = c * L + t < T
@@ -278,11 +296,10 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
         ct = tl.load(ct_ptr + bco, mask=mt[:, None], other=0.)   # queries C̃
         adt = tl.load(adt_ptr + row, mask=mt, other=0.)
         sig = tl.load(sig_ptr + row, mask=mt, other=0.)
-        diag = tl.load(gam_ptr + row, mask=mt, other=0.) * tl.load(cbd_ptr + row, mask=mt, other=0.) + dskip  # γ C·B + D
         a = tl.cumsum(adt, axis=0)                                # chunk-local log-decay, <= 0
         a_last = tl.sum(adt, axis=0)
         a2 = a * 1.4426950408889634                              # log2 units: exp2 on the (L, L) tile
-        w = tl.where(causal, tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.) * sig[None, :]
+        w = _weights(t, a2, sig, tl.load(gam_ptr + row, mask=mt, other=0.))
         if HAS_RST:                                               # nothing crosses a document start
             st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
             w = tl.where(t[None, :] >= st[:, None], w, 0.)
@@ -290,7 +307,7 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
         xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]
         xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]
         x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)       # (L, P), input dtype
-        y = _mm(g * w, x, DOT_DTYPE, PREC) + diag[:, None] * x.to(tl.float32)
+        y = _mm(g * w, x, DOT_DTYPE, PREC) + dskip * x.to(tl.float32)
         ea = tl.exp(a)                                            # the read of H_in: the chunk's first document only
         ek = tl.exp(a_last - a)                                   # the write into the chunk-end state: its last document
         dec = tl.exp(a_last)
@@ -307,6 +324,11 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d
     tl.store(ht_ptr + bh * P * N + sto, h)
 
 # %% ../nbs/01_ssd_triton.ipynb #5d0c2f4e
+@triton.jit
+def _diag(g, t):
+    "The diagonal of an (L, L) tile, (L,): for G = C̃ B̃ᵀ, C̃_t·B̃_t = C_t·B_t, the rotation-invariant diagonal term."
+    return tl.sum(tl.where(t[:, None] == t[None, :], g, 0.), axis=1)
+
 @triton.jit
 def _gram(a_ptr, b_ptr, bco, mt, L: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
     "A Bᵀ of one chunk's (L, N) tiles at `a_ptr`, `b_ptr` (dot dtype), (L, L) fp32, summed over tiles of BN state columns."
@@ -368,7 +390,7 @@ def _ssd_fwd_state_kernel(x_ptr, bt_ptr, adt_ptr, sig_ptr, h0_ptr, rst_ptr, ht_p
 
 # %% ../nbs/01_ssd_triton.ipynb #9a5acdd3
 @triton.jit
-def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, y_ptr,
+def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, y_ptr,
                           T, H, NC, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
                           HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     """The chunk pass of the two-pass forward: Y of one chunk of one (batch, head) from its stored H_in;
@@ -387,7 +409,7 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
     a = tl.cumsum(adt, axis=0)
     a2 = a * 1.4426950408889634
-    w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.) * sig[None, :]
+    w = _weights(t, a2, sig, tl.load(gam_ptr + row, mask=mt, other=0.))
     ea = tl.exp(a)
     if HAS_RST:
         st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
@@ -396,9 +418,8 @@ def _ssd_fwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
     dskip = 0.
     if HAS_D:
         dskip = tl.load(d_ptr + ih).to(tl.float32)
-    diag = tl.load(gam_ptr + row, mask=mt, other=0.) * tl.load(cbd_ptr + row, mask=mt, other=0.) + dskip
     x = tl.load(x_ptr + (c * L + t)[:, None] * sxt + ih * P + p[None, :], mask=mt[:, None], other=0.)
-    y = _mm(_gram(ct_ptr, bt_ptr, bco, mt, L, N, BN, PREC) * w, x, DOT_DTYPE, PREC) + diag[:, None] * x.to(tl.float32)
+    y = _mm(_gram(ct_ptr, bt_ptr, bco, mt, L, N, BN, PREC) * w, x, DOT_DTYPE, PREC) + dskip * x.to(tl.float32)
     y += ea[:, None] * _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)
     tl.store(y_ptr + xo, y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
 
@@ -485,7 +506,7 @@ def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mg
 
 # %% ../nbs/01_ssd_triton.ipynb #1adca4b2
 @triton.jit
-def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                  dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                  L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
                  HAS_RST: tl.constexpr, DO_BC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
@@ -501,10 +522,10 @@ def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, r
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
     rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # dY·X per row
     tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))                            # γ-diagonal and D skip
-    cb = tl.load(cbd_ptr + row, mask=mt, other=0.)                                     # C·B
-    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
     if not DO_BC:
         gt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
+    cb = _diag(gt, t)                                                                  # C·B
+    tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
     gw = gt * _mask_t(t, st, a2, HAS_RST)                                              # (G ⊙ W)ᵀ
     pgt = _mm(x, tl.trans(dy), DOT_DTYPE, PREC) * gw                                   # dL/d(G σ) ⊙ G, transposed
     dwwt = pgt * sig[:, None]                                                          # (dL/dW ⊙ W)ᵀ
@@ -537,7 +558,7 @@ def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, r
 
 # %% ../nbs/01_ssd_triton.ipynb #0f8d8409
 @triton.jit
-def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, dy_ptr, dhs_ptr, dsl_ptr,
+def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, hs_ptr, rst_ptr, dy_ptr, dhs_ptr, dsl_ptr,
                           dx_ptr, db_ptr, dc_ptr, dadt_ptr, dsig_ptr, dgam_ptr, dd_ptr, T, H, NC, sxb, sxt,
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr,
                           DO_BC: tl.constexpr, HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -584,7 +605,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, cbd_ptr, adt_ptr, sig_ptr, gam_
         if not DO_X:                                            # for the DO_X launch, which runs after this one
             tl.store(dsl_ptr + bh * NC + c, dsl)
     if DO_X:
-        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, cbd_ptr, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
+        _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                      dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                      L, P, N, BN, HAS_D, HAS_RST, DO_BC, DOT_DTYPE, PREC)
 
@@ -612,14 +633,15 @@ def _head_bias(e, o, be, bo, mine, mt, HAS_BIAS: tl.constexpr):
     return e, o
 
 @triton.jit
-def _angle_head(b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dt, phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
-                ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ,
+def _angle_head(b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dt, phis_ptr, gb_ptr, gc_ptr, ddt_ptr, du_ptr,
+                ib, ih, c, t0, t, j, jb, mt, st, first, ends, mine, H, S, NC, NJA,
                 L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
     """Head `ih`'s share of one chunk of the angle backward, for one block of NH pairs, from the group's B, C pair
     tiles (even, odd) and ω tile `om` (L, NH) where shared, which the kernel loads once for all its heads, as it loads
-    the heads' bias pairs (`_bias_tiles`, row `mine`) once and their Δ once a chunk (`dt`, this head's): the head's
-    dB̃, dC̃ rotated back (even, odd pairs of dB, then of dC), dω = dL/dδ · Δ, and the gradient of its angle carry
-    (row `mine` of `gphi`) stepped to the chunk's start; stores its dΔ partial sum."""
+    the heads' bias pairs (`_bias_tiles`, row `mine`) once and their Δ (`dt`, this head's): the head's dB̃, dC̃ rotated
+    back (even, odd pairs of dB, then of dC) and dω = dL/dδ · Δ within the chunk; stores its dΔ partial sum and what
+    the chunk's first document reads of its angle carry, Σ_{t < first} dL/dΦ_t (the rest of dL/dδ comes from the later
+    chunks through the carry: `_ssd_bwd_carry_kernel`, then `_ssd_bwd_scalars_kernel`)."""
     row = (t0 + t) * H + ih
     xrow = t * H + ih
     phi = _angles(om, dt, tl.load(phis_ptr + ((ib * H + ih) * NC + c) * S + j, mask=j < S, other=0.), t, st,
@@ -636,83 +658,121 @@ def _angle_head(b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dt, phis_ptr, gb_ptr
     ge, go = _load_pairs(gc_ptr + t0 * H * N, xrow, mt, N, NH)
     dphi += go * ce - ge * co
     gce, gco = ge * cs + go * sn, go * cs - ge * sn
-    g_h = tl.sum(tl.where(mine, gphi, 0.), axis=0)                               # this head's carry
-    if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens, and the carry out if in the last one
-        rev, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add, reverse=True)
-        ddl = rev + tl.where((t >= last)[:, None], g_h[None, :], 0.)
-        g_h = tl.where(last < 0, g_h, 0.) + tl.sum(tl.where((t < first)[:, None], dphi, 0.), axis=0)
+    if HAS_RST:   # δ_t reaches the Φ of its own document's later tokens in the chunk
+        ddl, _ = tl.associative_scan((dphi, tl.broadcast_to(ends[:, None], dphi.shape)), 0, _seg_add, reverse=True)
+        du = tl.sum(tl.where((t < first)[:, None], dphi, 0.), axis=0)
     else:
-        ddl = tl.cumsum(dphi, axis=0, reverse=True) + g_h[None, :]                  # dL/dδ, δ = Δ·ω
-        g_h += tl.sum(dphi, axis=0)
-    tl.store(ddt_ptr + row * NJ + jb, tl.sum(ddl * om, axis=1), mask=mt)                    # ω = 0 for j >= S
-    return gbe, gbo, gce, gco, ddl * dt[:, None], g_h
+        ddl = tl.cumsum(dphi, axis=0, reverse=True)                                  # dL/dδ within the chunk
+        du = tl.sum(dphi, axis=0)
+    tl.store(du_ptr + ((ib * H + ih) * NC + c) * S + j, du, mask=j < S)
+    tl.store(ddt_ptr + row * NJA + jb, tl.sum(ddl * om, axis=1), mask=mt & (jb < NJA))   # blocks with angles
+    return gbe, gbo, gce, gco, ddl * dt[:, None]
 
 # %% ../nbs/01_ssd_triton.ipynb #2deece52
 @triton.jit
-def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, dphit_ptr,
-                          db_ptr, dc_ptr, dbb_ptr, dcb_ptr, dom_ptr, ddt_ptr, dphi0_ptr, T, H, S, NC: constexpr, OM_H, om_hs, G,
+def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, db_ptr,
+                          dc_ptr, pbb_ptr, pcb_ptr, dom_ptr, ddt_ptr, du_ptr, T, H, S, NC, OM_H, om_hs, G, NJ, NJA,
                           L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr, HGP: tl.constexpr,
                           OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
-    """Rotate the dB̃, dC̃ of the HG heads of one (batch, group) back and sum them over the heads into the group's dB,
-    dC (stored once, in B's dtype), and over the tokens into the heads' bias gradients of this sequence (stored at
-    the end); turn the angle gradient into dω (summed over the heads where ω is shared), dΔ (a partial sum per block
-    of pairs) and dΦ₀: a reverse walk over the chunks carrying dL/d(angle carry) of every head of the group,
-    (HGP, NH); grid (G, b, blocks of NH pairs)."""
-    ig, ib, jb = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
-    NJ = tl.num_programs(2)
+    """One chunk of the rotation's backward for the HG heads of one (batch, group) and one block of NH pairs: the
+    heads' dB̃, dC̃ rotated back and summed over the heads into the group's dB, dC (stored in B's dtype), over the
+    chunk's tokens into the heads' bias-gradient partial sums (per sequence and chunk, fp32), and the angle gradient
+    turned into dω (summed over the heads where ω is shared), dΔ (a partial sum per block of pairs with angles) and
+    what each chunk's first document reads of its carry; a block without angles only sums; grid (NC, b, G · NJ)."""
+    c, ib, q = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    ig, jb = q // NJ, q % NJ
     t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH); hr = tl.arange(0, HGP)   # this block's pairs; the heads
     b_ptr += 2 * jb * NH; c_ptr += 2 * jb * NH; gb_ptr += 2 * jb * NH; gc_ptr += 2 * jb * NH
-    db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH; dbb_ptr += 2 * jb * NH; dcb_ptr += 2 * jb * NH
-    mj = (hr < HG)[:, None] & (j < S)[None, :]; gph = (ib * H + ig * HG + hr)[:, None] * S + j[None, :]
-    gphi = tl.load(dphit_ptr + gph, mask=mj, other=0.)                  # dL/d(angle carry out of the chunk), per head
+    db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH; pbb_ptr += 2 * jb * NH; pcb_ptr += 2 * jb * NH
+    t0 = ib * T + c * L
+    mt = c * L + t < T
+    if HAS_RST:
+        st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
+        ends = tl.load(rst_ptr + ib * T + c * L + t + 1, mask=c * L + t + 1 < T, other=0).to(tl.int32)   # t ends a doc
+    else:                                                             # one document
+        st, first, ends = t, L, t
     sbe = tl.zeros((HGP, NH), tl.float32); sbo = tl.zeros((HGP, NH), tl.float32)   # the heads' bias gradients,
     sce = tl.zeros((HGP, NH), tl.float32); sco = tl.zeros((HGP, NH), tl.float32)   # (even, odd) pairs of B, C
-    bbe, bbo, cbe, cbo = _bias_tiles(bb_ptr + ig * HG * N + 2 * jb * NH, cb_ptr + ig * HG * N + 2 * jb * NH, hr,
-                                     hr < HG, sbe, N, NH, HAS_BIAS)   # the heads' bias pairs: once
-    for i in tl.range(0, NC):                                          # the chunks in reverse
-        c = NC - 1 - i; t0 = ib * T + c * L
-        mt = c * L + t < T
-        if HAS_RST:
-            st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
-            ends = tl.load(rst_ptr + ib * T + c * L + t + 1, mask=c * L + t + 1 < T, other=0).to(tl.int32)  # t ends a doc
-        else:                                                             # one document: nothing is read
-            st, first, last, ends = t, L, -1, t
-        dbe = tl.zeros((L, NH), tl.float32); dbo = tl.zeros((L, NH), tl.float32)   # the group's dB, dC pairs
-        dce = tl.zeros((L, NH), tl.float32); dco = tl.zeros((L, NH), tl.float32)
-        dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
-        b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)   # the group's B, C: once for its heads
+    dbe = tl.zeros((L, NH), tl.float32); dbo = tl.zeros((L, NH), tl.float32)       # the group's dB, dC pairs
+    dce = tl.zeros((L, NH), tl.float32); dco = tl.zeros((L, NH), tl.float32)
+    dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
+    mom = mt[:, None] & (j < S)[None, :]
+    bbe, bbo, cbe, cbo, b_e, b_o, c_e, c_o, om = sbe, sbo, sce, sco, dbe, dbo, dce, dco, dom_g   # stand-ins
+    dtg = tl.zeros((L, HGP), tl.float32)
+    if jb * NH < S:                  # pairs with angles: the group's B, C and the heads' biases, Δ and ω, once for all
+        bbe, bbo, cbe, cbo = _bias_tiles(bb_ptr + ig * HG * N + 2 * jb * NH, cb_ptr + ig * HG * N + 2 * jb * NH, hr,
+                                         hr < HG, sbe, N, NH, HAS_BIAS)
+        b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)
         c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
-        mom = mt[:, None] & (j < S)[None, :]                      # ω (b, T, 1, S): once for its heads, like B, C
-        if OM_SHARED: om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)
+        if OM_SHARED: om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)   # (b, T, 1, S)
         dtg = tl.load(dt_ptr + (t0 + t)[:, None] * H + (ig * HG + hr)[None, :], mask=mt[:, None] & (hr < HG)[None, :],
-                      other=0.)                                   # Δ of its heads, (L, HGP): once for them
-        for hh in range(HG):
-            ih, mine = ig * HG + hh, (hr == hh)[:, None]
+                      other=0.)                                       # Δ of its heads, (L, HGP)
+    for hh in range(HG):
+        ih, mine = ig * HG + hh, (hr == hh)[:, None]
+        if jb * NH < S:
             if not OM_SHARED: om = tl.load(om_ptr + t0 * OM_H * S + (t * OM_H + ih * om_hs)[:, None] * S + j[None, :], mask=mom, other=0.)
-            ge, go, he, ho, dom_h, g_h = _angle_head(
+            ge, go, he, ho, dom_h = _angle_head(
                 b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, tl.sum(tl.where((hr == hh)[None, :], dtg, 0.), axis=1),
-                phis_ptr, gb_ptr, gc_ptr, ddt_ptr,
-                ib, ih, c, t0, t, j, jb, mt, st, first, last, ends, gphi, mine, H, S, NC, NJ, L, N, NH, HAS_BIAS, HAS_RST)
-            dbe += ge; dbo += go; dce += he; dco += ho
-            if HAS_BIAS:
-                sbe, sbo = _add_token_sums(sbe, ge, mine), _add_token_sums(sbo, go, mine)
-                sce, sco = _add_token_sums(sce, he, mine), _add_token_sums(sco, ho, mine)
-            gphi = tl.where(mine, g_h[None, :], gphi)
-            if OM_SHARED: dom_g += dom_h
-            else: tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
-        _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
-        _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
-        if OM_SHARED:
-            tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g, mask=mom)
-    tl.store(dphi0_ptr + gph, gphi, mask=mj)
-    if HAS_BIAS:                                                          # rows (b, H) of (b, H, N)
-        _store_pairs(dbb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sbe, sbo, N, NH)
-        _store_pairs(dcb_ptr + (ib * H + ig * HG) * N, hr, hr < HG, sce, sco, N, NH)
+                phis_ptr, gb_ptr, gc_ptr, ddt_ptr, du_ptr, ib, ih, c, t0, t, j, jb, mt, st, first, ends, mine, H, S, NC,
+                NJA, L, N, NH, HAS_BIAS, HAS_RST)
+        else:                        # pairs without: the heads' dB̃, dC̃ are their dB, dC
+            ge, go = _load_pairs(gb_ptr + t0 * H * N, t * H + ih, mt, N, NH)
+            he, ho = _load_pairs(gc_ptr + t0 * H * N, t * H + ih, mt, N, NH)
+            dom_h = dom_g * 0.
+        dbe += ge; dbo += go; dce += he; dco += ho
+        if HAS_BIAS:
+            sbe, sbo = _add_token_sums(sbe, ge, mine), _add_token_sums(sbo, go, mine)
+            sce, sco = _add_token_sums(sce, he, mine), _add_token_sums(sco, ho, mine)
+        if OM_SHARED: dom_g += dom_h
+        else: tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
+    _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
+    _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
+    if OM_SHARED:
+        tl.store(dom_ptr + t0 * G * S + (t * G + ig)[:, None] * S + j[None, :], dom_g, mask=mom)
+    if HAS_BIAS:                                                      # rows (b, NC, H) of (b, NC, H, N)
+        prow = (ib * NC + c) * H + ig * HG + hr
+        _store_pairs(pbb_ptr, prow, hr < HG, sbe, sbo, N, NH)
+        _store_pairs(pcb_ptr, prow, hr < HG, sce, sco, N, NH)
+
+def _angle_pairs(N):
+    "Pairs a program of the angle backward takes: at most 32 (what fits in registers), a block of N/2 = 64 in two."
+    return min(32, max(N // 2, 16))
+
+# %% ../nbs/01_ssd_triton.ipynb #c4a1e005
+@triton.jit
+def _ssd_bwd_carry_kernel(du_ptr, starts_ptr, dphit_ptr, dturn_ptr, dphi0_ptr, H, S, NC, CB: tl.constexpr,
+                          SP: tl.constexpr, HAS_RST: tl.constexpr):
+    """The backward of `_ssd_carry_kernel` for one (batch, head): with G_c the gradient of the carry into chunk
+    c, G_c = u_c + [no document start in chunk c] G_{c+1} and G_NC = dL/dΦ_T, where u_c is what chunk c's first document
+    reads of its carry (`_ssd_bwd_angle_kernel`); the gradient of chunk c's turn is G_{c+1}, of Φ₀ G_0. CB chunks at a
+    time from the end, a reverse segmented scan each; grid (H, b)."""
+    ih, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    bh = ib * H + ih
+    s = tl.arange(0, SP); ms = s < S
+    cc = tl.arange(0, CB)
+    run = tl.load(dphit_ptr + bh * S + s, mask=ms, other=0.)                 # G_NC
+    tl.store(dturn_ptr + (bh * NC + NC - 1) * S + s, run, mask=ms)            # the last chunk's turn reaches Φ_T
+    NB = tl.cdiv(NC, CB)
+    for i in tl.range(0, NB):
+        c = (NB - 1 - i) * CB + cc
+        mc = c < NC
+        u = tl.load(du_ptr + (bh * NC + c)[:, None] * S + s[None, :], mask=mc[:, None] & ms[None, :], other=0.)
+        if HAS_RST:
+            flag = tl.load(starts_ptr + ib * NC + c, mask=mc, other=0)
+        else:
+            flag = tl.zeros((CB,), tl.int32)
+        val, fl = tl.associative_scan((u, tl.broadcast_to(flag[:, None], u.shape)), 0, _seg_add, reverse=True)
+        g = tl.where(fl != 0, val, val + run[None, :])                        # G_c, (CB, SP)
+        tl.store(dturn_ptr + (bh * NC + c - 1)[:, None] * S + s[None, :], g, mask=(mc & (c >= 1))[:, None] & ms[None, :])
+        tl.store(dphi0_ptr + bh * S + s[None, :] + 0 * c[:, None], g, mask=(c == 0)[:, None] & ms[None, :])
+        run = tl.sum(tl.where((cc == 0)[:, None], g, 0.), axis=0)             # G of the block's first chunk
 
 # %% ../nbs/01_ssd_triton.ipynb #e49d6212
-KERNELS = ("scalars", "rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle", "bwd_scalars")   # the launch order
-_DEFAULT_CONFIG = {a: {k: dict(num_warps=4 if k.endswith("scalars") else 8, num_stages=1) for k in KERNELS}
-                   for a in (80, 90)}      # A100, H100/H200; the elementwise scalar kernels on 4 warps (2048 a program)
+KERNELS = ("scalars", "carry", "rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle", "bwd_carry",
+           "bwd_scalars")   # the launch order
+_DEFAULT_CONFIG = {a: {k: dict(num_warps=4 if k.endswith("carry") else 16 if k == "bwd_scalars" else 8, num_stages=1)
+                       for k in KERNELS}
+                   for a in (80, 90)}      # A100, H100/H200; the angle carries, (chunks, angles) tiles, on 4 warps
 # fwd, bwd_chunk: state tiles of BN columns, and on sm_80 each as two launches (split): the forward as a state pass
 # and a chunk pass, the chunk backward as its dX... and dB̃/dC̃ halves
 _DEFAULT_CONFIG[80]["fwd"].update(num_warps=4, BN=64, split=True)
@@ -723,13 +783,16 @@ _DEFAULT_CONFIG[90]["bwd_chunk"].update(BN=16, split=False)
 # loops over state tiles): the loads of the next iteration are issued (cp.async) while this one computes
 for _arch_cfg in _DEFAULT_CONFIG.values():
     for _k in ("fwd", "bwd_chunk"): _arch_cfg[_k]["num_stages"] = 2
+# but Triton 3.6 (what torch 2.11 pins) compiles sm_90's fused forward at two stages with 24 spilled bytes (N = 128,
+# no restarts); at one it spills none
+if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7): _DEFAULT_CONFIG[90]["fwd"]["num_stages"] = 1
 
 # fp32 inputs: ieee dots on the FMA units hold whole operand rows per thread; at chunks of 32 or 64 tokens the
 # (L, L) products spill thousands of bytes on both arches, at 16 they fit. So fp32 runs at chunks of at most
-# FP32_CHUNK tokens, with its own configs: the forward as two launches (8 warps, 64-column tiles), sm_90's chunk
-# backward over 32 columns, the angle backward on 16 warps (8 spill on Triton 3.6), the rotation at N <= 64 on 1 warp
+# FP32_CHUNK tokens, with its own configs: the forward as two launches (8 warps, 64-column tiles), the chunk
+# backward over 32 columns (sm_80's dX half spills 4 bytes at 16 on Triton 3.6), the angle backward on 16 warps
 FP32_CHUNK = 16
-_FP32_CONFIG = {80: dict(fwd=dict(num_warps=8, BN=64), bwd_angle=dict(num_warps=16)),
+_FP32_CONFIG = {80: dict(fwd=dict(num_warps=8, BN=64), bwd_chunk=dict(BN=32), bwd_angle=dict(num_warps=16)),
                 90: dict(fwd=dict(num_warps=8, BN=64, split=True), bwd_chunk=dict(BN=32), bwd_angle=dict(num_warps=16))}
 
 def kernel_chunk(chunk_size, dtype=torch.bfloat16):
@@ -742,10 +805,8 @@ def default_config(kind, arch=90, N=128, dtype=torch.bfloat16):
     the kernel runs as two launches (split) and the tile of state columns BN of those that tile the state."""
     a = 90 if arch >= 90 else 80
     cfg = dict(_DEFAULT_CONFIG[a][kind])
-    if kind == "rotate" and N <= 64: cfg["num_warps"] = 4   # 8 warps: ptxas settles on 128 registers and spills
     if dtype == torch.float32:
         cfg.update(_FP32_CONFIG[a].get(kind, {}))
-        if kind == "rotate" and N <= 64: cfg["num_warps"] = 1   # 2 to 16: ptxas settles on 40-128 registers and spills
     if "BN" in cfg: cfg["BN"] = min(cfg["BN"], N)
     return cfg
 
@@ -771,33 +832,23 @@ def _launch_config(kind, N=128, dtype=torch.bfloat16):
         if val is not None: cfg[key] = val
     return cfg
 
-# %% ../nbs/01_ssd_triton.ipynb #470f72d3
-def _rotate_tiles(N, HG, dtype=torch.bfloat16):
-    """(HB, JB) of the rotation kernel for groups of HG heads: HB heads a program, JB pairs a block of its tiles. The
-    heads of a group share a program, which reads their B, C rows once, in blocks of 16 pairs (the fp64 angle carries
-    of its heads take registers); at N <= 64 (4 warps) at most 16 heads a program. A head alone (HG = 1) takes its
-    N/2 pairs in one block. fp32 inputs (the accuracy path) run a program per head: there the group programs spill."""
-    NH = max(N // 2, 16)
-    if dtype == torch.float32 or HG == 1: return 1, NH
-    return (HG if N >= 128 or HG <= 16 else min(16, HG & -HG)), 16           # HB | HG
-
-
 # %% ../nbs/01_ssd_triton.ipynb #b3e8f215
 # the other configs `triton.autotune` may pick, (num_warps, num_stages[, BN]): each compiles without spills at P = 64,
 # N = 128 and 64, with and without resets, every launch (tests/test_ssd_triton.py compiles them all)
-_AUTOTUNE_MORE = {80: dict(scalars=[], rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
-                           bwd_chunk=[(8, 1, 32), (8, 1, 16)], bwd_angle=[], bwd_scalars=[]),
-                  90: dict(scalars=[], rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
-                           bwd_angle=[], bwd_scalars=[])}
+_AUTOTUNE_MORE = {80: dict(scalars=[], carry=[], rotate=[], fwd=[(8, 1, 16), (4, 1, 64)], bwd_state=[(4, 1)],
+                           bwd_chunk=[(8, 1, 32), (8, 1, 16)], bwd_angle=[], bwd_carry=[], bwd_scalars=[]),
+                  90: dict(scalars=[], carry=[], rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
+                           bwd_angle=[], bwd_carry=[], bwd_scalars=[])}
 
 def autotune_configs(kind, arch=90, N=128, dtype=torch.bfloat16):
     """The launch configs `triton.autotune` times for kernel `kind` on `arch` at d_state N: the default first. Their
     keys are those of `default_config` but `split`, which is the arch's alone. No `maxnreg`: torch.compile's Inductor
     keeps only num_warps and num_stages of a user kernel's configs, so a config that needs it would spill there.
-    fp32 inputs (the accuracy path, not the training one) get their default alone."""
+    fp32 inputs (the accuracy path, not the training one) and the GPUs between sm_80 and sm_90 (consumer Ampere and Ada,
+    with 99 KiB of shared memory a block) get their default alone."""
     base = {k: v for k, v in default_config(kind, arch, N, dtype).items() if k != "split"}
     out = [base]
-    for more in [] if dtype == torch.float32 else _AUTOTUNE_MORE[90 if arch >= 90 else 80][kind]:
+    for more in [] if dtype == torch.float32 or 80 < arch < 90 else _AUTOTUNE_MORE[90 if arch >= 90 else 80][kind]:
         cfg = dict(base, **dict(zip(("num_warps", "num_stages", "BN"), more)))
         if "BN" in cfg: cfg["BN"] = min(cfg["BN"], N)
         if cfg not in out: out.append(cfg)
@@ -818,7 +869,6 @@ def _tuner(kernel, kind, arch, N, dtype):
     key = [name for name, q in inspect.signature(kernel.fn).parameters.items()
            if q.annotation is tl.constexpr and name not in ("BN", "DOT_DTYPE", "PREC")]
     return triton.autotune(configs=configs, key=key)(kernel)
-
 
 # %% ../nbs/01_ssd_triton.ipynb #e852f8e1
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -861,189 +911,238 @@ def _tanh64(x):
     return tl.where(x < 0., -1., 1.) * ((1. - e) / (1. + e))
 
 @triton.jit
-def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, adt_ptr, gam_ptr, sig_ptr, om_ptr, T, H, S,
-                        L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr, HAS_RST: tl.constexpr,
-                        HAS_THETA: tl.constexpr):
-    """The per-token scalars of L tokens of one sequence, all H heads ((L, HP) tiles, HP >= H a power of two):
+def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, adt_ptr, gam_ptr, sig_ptr, turn_ptr,
+                        starts_ptr, T, H, S, NC, OM_H, L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr,
+                        HAS_RST: tl.constexpr, HAS_THETA: tl.constexpr, SHARED: tl.constexpr):
+    """The per-token scalars of one chunk of one sequence, all H heads ((L, HP) tiles, HP >= H a power of two):
     ΔA (0 at a document start), γ = λΔ and σ_t = γ_t + ε_{t+1}, ε = (1 - λ)Δ (0 at a document start and past the
-    last token); with HAS_THETA also the angle rates ω = π tanh θ of the shared θ (b, T, S), formed in fp64 (π in two
-    fp32 parts) and rounded once; grid (token blocks, b). Δ, A, λ: contiguous fp32 (b, T, H)."""
+    last token). With HAS_THETA also each head's turn over the chunk, Σ_t Δ_t ω_t (fp32 products summed in fp64)
+    over the chunk's last document, which the angle carry sums (`_ssd_carry_kernel`), and whether the chunk
+    holds a document start; with SHARED the angle rates ω = π tanh θ of the shared θ (b, T, S) are made here (in fp64,
+    π in two fp32 parts, rounded once) and stored, else read per head from `om_ptr` (b, T, OM_H, S). grid (NC, b).
+    Δ, A, λ: contiguous fp32 (b, T, H)."""
     c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    t = c * L + tl.arange(0, L); h = tl.arange(0, HP)
+    tt = tl.arange(0, L); t = c * L + tt; h = tl.arange(0, HP)
     row = (ib * T + t)[:, None] * H + h[None, :]
     m = (t < T)[:, None] & (h < H)[None, :]
-    mn = (t + 1 < T)[:, None] & (h < H)[None, :]                   # token t + 1, in the same sequence
     dt = tl.load(dt_ptr + row, mask=m, other=0.)
     lam = tl.load(lam_ptr + row, mask=m, other=0.)
     adt = dt * tl.load(a_ptr + row, mask=m, other=0.)
-    epsn = (1 - tl.load(lam_ptr + row + H, mask=mn, other=0.)) * tl.load(dt_ptr + row + H, mask=mn, other=0.)
+    eps = (1 - lam) * dt                                        # ε of the chunk's tokens; then of the next chunk's first
+    hn = (ib * T + c * L + L) * H + h
+    mn = (c * L + L < T) & (h < H)
+    eps_next = (1 - tl.load(lam_ptr + hn, mask=mn, other=0.)) * tl.load(dt_ptr + hn, mask=mn, other=0.)
+    last = -1
     if HAS_RST:
-        adt = tl.where((tl.load(rst_ptr + ib * T + t, mask=t < T, other=0) != 0)[:, None], 0., adt)
-        epsn = tl.where((tl.load(rst_ptr + ib * T + t + 1, mask=t + 1 < T, other=0) != 0)[:, None], 0., epsn)
+        start = tl.load(rst_ptr + ib * T + t, mask=t < T, other=0) != 0
+        adt = tl.where(start[:, None], 0., adt)
+        eps = tl.where(start[:, None], 0., eps)
+        eps_next = tl.where(tl.load(rst_ptr + ib * T + c * L + L, mask=c * L + L < T, other=0) != 0, 0., eps_next)
+        last = tl.max(tl.where(start, tt, -1), axis=0)            # the chunk's last document start, -1 if none
+    # ε_{t+1}: the tile moved up a row by a 0/1 matrix (exact in fp32: one product by 1 a row), the next chunk's below
+    up = (tt[None, :] == tt[:, None] + 1).to(tl.float32)
+    epsn = tl.where((tt == L - 1)[:, None], eps_next[None, :], tl.dot(up, eps, input_precision="ieee"))
     gam = lam * dt
     tl.store(adt_ptr + row, adt, mask=m)
     tl.store(gam_ptr + row, gam, mask=m)
     tl.store(sig_ptr + row, gam + epsn, mask=m)
     if HAS_THETA:
         s = tl.arange(0, SP)
-        srow = (ib * T + t)[:, None] * S + s[None, :]
         ms = (t < T)[:, None] & (s < S)[None, :]
-        th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
-        tl.store(om_ptr + srow, (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32), mask=ms)
+        om = tl.zeros((L, SP), tl.float32)
+        if SHARED:
+            srow = (ib * T + t)[:, None] * S + s[None, :]
+            th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
+            om = (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32)
+            tl.store(om_ptr + srow, om, mask=ms)
+        if HAS_RST:
+            tl.store(starts_ptr + ib * NC + c, (last >= 0).to(tl.int32))
+        dk = tl.where((tt >= last)[:, None], dt, 0.)              # Δ of the chunk's last document (all without starts)
+        if SHARED:                                                 # every head's turn at once: (HP, SP), fp64
+            turn = tl.dot(tl.trans(dk).to(tl.float64), om.to(tl.float64), input_precision="ieee")
+            tl.store(turn_ptr + ((ib * H + h)[:, None] * NC + c) * S + s[None, :], turn,
+                     mask=(h < H)[:, None] & (s < S)[None, :])
+        else:
+            for ih in tl.range(0, H):
+                om = tl.load(om_ptr + ((ib * T + t)[:, None] * OM_H + ih) * S + s[None, :], mask=ms, other=0.)
+                d = tl.sum(tl.where(h[None, :] == ih, dk, 0.), axis=1)   # Δ of head ih
+                turn = tl.sum((d[:, None] * om).to(tl.float64), axis=0)
+                tl.store(turn_ptr + ((ib * H + ih) * NC + c) * S + s, turn, mask=s < S)
 
 # %% ../nbs/01_ssd_triton.ipynb #5c1a7e24
 @triton.jit
-def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, dadt_ptr, dgam_ptr, dsig_ptr, dom_ptr, ddt_ptr,
-                            da_ptr, dlam_ptr, dth_ptr, T, H, S, L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr,
-                            HAS_RST: tl.constexpr, HAS_THETA: tl.constexpr):
-    """The backward of `_ssd_scalars_kernel`: dΔ, dA, dλ from d(ΔA), dγ, dσ, with dε_t = dσ_{t-1} (0 at a document
-    start and at t = 0), and with HAS_THETA dθ = dω π (1 - tanh² θ); grid (token blocks, b)."""
+def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, dadt_ptr, dgam_ptr, dsig_ptr, dom_ptr,
+                            ddta_ptr, dturn_ptr, ddt_ptr, da_ptr, dlam_ptr, dth_ptr, T, H, S, NC, OM_H, G, NJA,
+                            L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr, NJAP: tl.constexpr, HAS_RST: tl.constexpr,
+                            HAS_THETA: tl.constexpr, SHARED: tl.constexpr):
+    """The backward of `_ssd_scalars_kernel` for one chunk of one sequence: dΔ, dA, dλ from d(ΔA), dγ, dσ, with
+    dε_t = dσ_{t-1} (0 at a document start and at t = 0); with HAS_THETA, dΔ also gets the angle path's in-chunk share
+    (NJA partial sums from `_ssd_bwd_angle_kernel`) and, with dω, the gradient of the chunk's turns (`dturn_ptr`, from
+    `_ssd_bwd_carry_kernel`); with SHARED dθ = dω π (1 - tanh² θ), summed over the G groups' dω (b, T, G, S),
+    else dω (b, T, H, S) per head is updated in place. grid (NC, b)."""
     c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    t = c * L + tl.arange(0, L); h = tl.arange(0, HP)
+    tt = tl.arange(0, L); t = c * L + tt; h = tl.arange(0, HP)
     row = (ib * T + t)[:, None] * H + h[None, :]
     m = (t < T)[:, None] & (h < H)[None, :]
     dt = tl.load(dt_ptr + row, mask=m, other=0.)
     lam = tl.load(lam_ptr + row, mask=m, other=0.)
     dadt = tl.load(dadt_ptr + row, mask=m, other=0.)
-    deps = tl.load(dsig_ptr + row - H, mask=m & (t >= 1)[:, None], other=0.)
+    dsig = tl.load(dsig_ptr + row, mask=m, other=0.)
+    # dε_t = dσ_{t-1}: the tile moved down a row by a 0/1 matrix (exact), the previous chunk's last token on top
+    down = (tt[None, :] == tt[:, None] - 1).to(tl.float32)
+    hp = (ib * T + c * L - 1) * H + h
+    dsig_prev = tl.load(dsig_ptr + hp, mask=(c > 0) & (h < H), other=0.)
+    deps = tl.where((tt == 0)[:, None], dsig_prev[None, :], tl.dot(down, dsig, input_precision="ieee"))
     if HAS_RST:
         start = (tl.load(rst_ptr + ib * T + t, mask=t < T, other=0) != 0)[:, None]
         dadt = tl.where(start, 0., dadt)
         deps = tl.where(start, 0., deps)
-    dgam = tl.load(dgam_ptr + row, mask=m, other=0.) + tl.load(dsig_ptr + row, mask=m, other=0.)
-    tl.store(ddt_ptr + row, dadt * tl.load(a_ptr + row, mask=m, other=0.) + dgam * lam + deps * (1 - lam), mask=m)
+    dgam = tl.load(dgam_ptr + row, mask=m, other=0.) + dsig
+    ddt = dadt * tl.load(a_ptr + row, mask=m, other=0.) + dgam * lam + deps * (1 - lam)
     tl.store(da_ptr + row, dadt * dt, mask=m)
     tl.store(dlam_ptr + row, (dgam - deps) * dt, mask=m)
     if HAS_THETA:
+        k = tl.arange(0, NJAP)                                      # the angle path's in-chunk share, NJA partial sums
+        ddt += tl.sum(tl.load(ddta_ptr + row[:, :, None] * NJA + k[None, None, :],
+                              mask=m[:, :, None] & (k < NJA)[None, None, :], other=0.), axis=2)
         s = tl.arange(0, SP)
-        srow = (ib * T + t)[:, None] * S + s[None, :]
         ms = (t < T)[:, None] & (s < S)[None, :]
-        th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
-        g = tl.load(dom_ptr + srow, mask=ms, other=0.).to(tl.float64) * (1. - th * th)
-        tl.store(dth_ptr + srow, (g * 3.1415927410125732 + g * -8.742277657347586e-08).to(tl.float32), mask=ms)
+        last = -1
+        if HAS_RST:
+            last = tl.max(tl.where(start, tt[:, None], -1), axis=0)   # the chunk's last document start, -1 if none
+            last = tl.max(last, axis=0)
+        keep = (tt >= last)[:, None] & ms                           # the tokens whose δ the chunk's turn sums
+        srow = (ib * T + t)[:, None] * S + s[None, :]
+        om = tl.zeros((L, SP), tl.float32)
+        dom = tl.zeros((L, SP), tl.float32)
+        th = tl.zeros((L, SP), tl.float64)
+        if SHARED:
+            th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
+            om = (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32)
+            for ig in tl.range(0, G):
+                dom += tl.load(dom_ptr + ((ib * T + t)[:, None] * G + ig) * S + s[None, :], mask=ms, other=0.)
+        if SHARED:                  # the turn Σ Δ ω over the kept tokens, backward for every head at once
+            g = tl.load(dturn_ptr + ((ib * H + h)[:, None] * NC + c) * S + s[None, :],
+                        mask=(h < H)[:, None] & (s < S)[None, :], other=0.)        # dL/d(turn), (HP, SP)
+            ddt += tl.dot(tl.where(keep, om, 0.), tl.trans(g), input_precision="ieee")
+            dom += tl.dot(tl.where((tt >= last)[:, None], dt, 0.), g, input_precision="ieee")
+        else:
+            for ih in tl.range(0, H):
+                g = tl.load(dturn_ptr + ((ib * H + ih) * NC + c) * S + s, mask=s < S, other=0.)   # (SP,)
+                om = tl.load(om_ptr + ((ib * T + t)[:, None] * OM_H + ih) * S + s[None, :], mask=ms, other=0.)
+                dturn = tl.sum(tl.where(keep, om * g[None, :], 0.), axis=1)
+                ddt = tl.where(h[None, :] == ih, ddt + dturn[:, None], ddt)
+                drow = ((ib * T + t)[:, None] * H + ih) * S + s[None, :]
+                d = tl.sum(tl.where(h[None, :] == ih, dt, 0.), axis=1)
+                tl.store(dom_ptr + drow, tl.load(dom_ptr + drow, mask=ms, other=0.) + tl.where(keep, d[:, None] * g[None, :], 0.), mask=ms)
+        if SHARED:
+            gth = dom.to(tl.float64) * (1. - th * th)
+            tl.store(dth_ptr + srow, (gth * 3.1415927410125732 + gth * -8.742277657347586e-08).to(tl.float32), mask=ms)
+    tl.store(ddt_ptr + row, ddt, mask=m)
 
 # %% ../nbs/01_ssd_triton.ipynb #5c1a7e23
 def _scalar_tiles(H, S):
-    "(L, HP, SP) of the scalar kernels: L tokens a program, heads and angles padded to powers of two; 2048 a tile."
-    HP, SP = triton.next_power_of_2(H), triton.next_power_of_2(max(S, 1))
-    return max(1, 2048 // max(HP, SP)), HP, SP
-
-@triton_op("mamba3_lite::ssd_scalars", mutates_args=())
-def _ssd_scalars(dt: Tensor, A: Tensor, lam: Tensor, rst: Optional[Tensor], theta: Optional[Tensor]
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(ΔA, γ, σ) of `scan_scalars`, ΔA 0 at document starts (`rst` (b, T) int32 or None), all fp32 (b, T, H)
-    contiguous, and ω = `angle_rate(theta)` of a shared fp32 θ (b, T, S) (empty without)."""
-    b, T, H = dt.shape
-    S = 0 if theta is None else theta.shape[-1]
-    L, HP, SP = _scalar_tiles(H, S)
-    adt, gam, sig = (torch.empty_like(dt) for _ in range(3))
-    om = torch.empty(0, device=dt.device) if theta is None else torch.empty_like(theta)
-    _launch(_ssd_scalars_kernel, "scalars", (triton.cdiv(T, L), b), dt, A, lam, dt if rst is None else rst,
-            dt if theta is None else theta, adt, gam, sig, om, T, H, S, L=L, HP=HP, SP=SP, HAS_RST=rst is not None,
-            HAS_THETA=theta is not None, dtype=torch.float32)
-    return adt, gam, sig, om
-
-@triton_op("mamba3_lite::ssd_scalars_bwd", mutates_args=())
-def _ssd_scalars_bwd(dadt: Tensor, dgam: Tensor, dsig: Tensor, dom: Tensor, dt: Tensor, A: Tensor, lam: Tensor,
-                     rst: Optional[Tensor], theta: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    "dΔ, dA, dλ (fp32 (b, T, H)) and dθ (empty without θ) of `_ssd_scalars`."
-    b, T, H = dt.shape
-    S = 0 if theta is None else theta.shape[-1]
-    L, HP, SP = _scalar_tiles(H, S)
-    ddt, dA, dlam = (torch.empty_like(dt) for _ in range(3))
-    dth = torch.empty(0, device=dt.device) if theta is None else torch.empty_like(theta)
-    _launch(_ssd_bwd_scalars_kernel, "bwd_scalars", (triton.cdiv(T, L), b), dt, A, lam, dt if rst is None else rst,
-            dt if theta is None else theta, dadt, dgam, dsig, dt if theta is None else dom, ddt, dA, dlam, dth, T, H, S,
-            L=L, HP=HP, SP=SP, HAS_RST=rst is not None, HAS_THETA=theta is not None, dtype=torch.float32)
-    return ddt, dA, dlam, dth
-
-def _scalars_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-def _scalars_backward(ctx, dadt, dgam, dsig, dom):
-    dt, A, lam, rst, theta = ctx.saved_tensors
-    z = lambda g, like: torch.zeros_like(like) if g is None else g.contiguous()
-    dom = z(dom, dt) if theta is None else z(dom, theta)
-    ddt, dA, dlam, dth = torch.ops.mamba3_lite.ssd_scalars_bwd(z(dadt, dt), z(dgam, dt), z(dsig, dt), dom, dt, A, lam,
-                                                               rst, theta)
-    return ddt, dA, dlam, None, None if theta is None else dth
-
-_ssd_scalars.register_autograd(_scalars_backward, setup_context=_scalars_setup)
+    """(HP, SP) of the scalar kernels: the heads and angles of a chunk's tiles, padded to powers of two of at least 16
+    (the tiles meet in tl.dot)."""
+    return max(16, triton.next_power_of_2(H)), max(16, triton.next_power_of_2(S))
 
 # %% ../nbs/01_ssd_triton.ipynb #976b107a
 @triton_op("mamba3_lite::ssd_fwd", mutates_args=())
-def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional[Tensor], adt: Tensor, sig: Tensor,
-             gam: Tensor, om: Optional[Tensor], dt: Tensor, D: Optional[Tensor], h0: Optional[Tensor],
+def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional[Tensor], dt: Tensor, A: Tensor,
+             lam: Tensor, theta: Optional[Tensor], om: Optional[Tensor], D: Optional[Tensor], h0: Optional[Tensor],
              phi0: Optional[Tensor], rst: Optional[Tensor], chunk_size: int, precision: str, store: bool
-             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Forward SSD: (Y, H_T, Φ_T) and, for the backward, the rotated B̃ and C̃, C·B, the per-chunk states and angle
-    carries (empty when `store` is False). rst (b, T) int32: 1 where a document starts, or None."""
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                        Tensor]:
+    """Forward SSD: (Y, H_T, Φ_T, the last key B̃_{T-1} in fp32) and, for the backward, the rotated B̃ and C̃, the per-chunk states and angle
+    carries, ΔA, γ, σ, the shared ω and which chunks hold a document start (empty where absent). Δ, A, λ: fp32
+    (b, T, H) contiguous; θ (b, T, S) shared by the heads, or angle rates ω (b, T, H, S) per head, or neither; Φ₀
+    (b, H, S) with either; rst (b, T) int32: 1 where a document starts, or None."""
     b, T, H, P = x.shape
-    N, S, G = B.shape[-1], (0 if om is None else om.shape[-1]), B.shape[2]
-    OM_H = 1 if om is None else om.shape[2]
+    N, G = B.shape[-1], B.shape[2]
+    S = theta.shape[-1] if theta is not None else 0 if om is None else om.shape[-1]
     NC = triton.cdiv(T, chunk_size)
     f32 = dict(device=x.device, dtype=torch.float32)
     dot = _dot_dtype(x.dtype)
-    rst_ = adt if rst is None else rst                                    # a placeholder pointer without resets
+    rst_ = dt if rst is None else rst                                     # a placeholder pointer without resets
+    HP, SP = _scalar_tiles(H, S)
+    adt, gam, sig = (torch.empty_like(dt) for _ in range(3))
+    oms = torch.empty(b, T, 1, S, **f32) if theta is not None else torch.empty(0, **f32)   # the shared ω
+    om_ = oms if theta is not None else om                                # ω as the rotation reads it
+    turns = torch.empty(b, H, NC, S, device=x.device, dtype=torch.float64)  # each chunk's turn, fp64
+    starts = torch.empty(b, NC, device=x.device, dtype=torch.int32) if rst is not None else torch.empty(0, **f32)
+    OM_H = 1 if om_ is None else om_.shape[2]
+    _launch(_ssd_scalars_kernel, "scalars", (NC, b), dt, A, lam, rst_, dt if theta is None else theta,
+            dt if om_ is None else om_, adt, gam, sig, turns, starts, T, H, S, NC, OM_H, L=chunk_size, HP=HP, SP=SP,
+            HAS_RST=rst is not None, HAS_THETA=S > 0, SHARED=theta is not None, dtype=torch.float32)
+    phit, phis = torch.zeros(b, H, S, **f32), torch.empty(b, H, NC, S, **f32)
+    if S:
+        _launch(_ssd_carry_kernel, "carry", (H, b), turns, starts, phi0, phis, phit, H, S, NC,
+                CB=_carry_block(NC), SP=SP, HAS_RST=rst is not None, dtype=torch.float32)
     Bt, Ct = (torch.empty(b, T, H, N, device=x.device, dtype=_TORCH_DTYPES[dot]) for _ in range(2))
-    cbd, phit, phis = torch.empty(b, T, H, **f32), torch.zeros(b, H, S, **f32), torch.empty(b, H, NC, S, **f32)
+    k_last = torch.empty(b, H, N, **f32)
+    NH = max(N // 2, 16)
     HB, JB = _rotate_tiles(N, H // G, x.dtype)                            # heads a program, pairs a block
-    _launch(_ssd_rotate_kernel, "rotate", (G, b, H // G // HB), B, C, adt if Bb is None else Bb,
-            adt if Cb is None else Cb, adt if om is None else om, dt, adt if phi0 is None else phi0, rst_, Bt, Ct, cbd,
-            phit, phis, T, H, S, NC, OM_H, int(OM_H > 1), G, H // G, L=chunk_size, N=N, NH=max(N // 2, 16), JB=JB,
-            HB=HB, HGP=triton.next_power_of_2(HB), OM_SHARED=OM_H == 1, HAS_THETA=om is not None,
-            HAS_BIAS=Bb is not None, HAS_RST=rst is not None, dtype=x.dtype)
+    _launch(_ssd_rotate_kernel, "rotate", (NC, b, G * (H // G // HB) * (NH // JB)), B, C, dt if Bb is None else Bb,
+            dt if Cb is None else Cb, dt if om_ is None else om_, dt, phis, rst_, Bt, Ct, k_last, T, H, S, NC, OM_H,
+            int(OM_H > 1), G, H // G, L=chunk_size, N=N, NH=NH, JB=JB, HB=HB,
+            HGP=triton.next_power_of_2(HB), OM_SHARED=OM_H == 1, HAS_THETA=S > 0, HAS_BIAS=Bb is not None,
+            HAS_RST=rst is not None, dtype=x.dtype)
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)             # contiguous, whatever x's strides
     ht = torch.empty(b, H, P, N, **f32)
     split = _launch_config("fwd", N, x.dtype)["split"]
     hs = (torch.empty(b, H, NC, P, N, device=x.device, dtype=Bt.dtype) if store or split   # H_in per chunk, dot dtype
           else torch.empty(0, **f32))
     flags = dict(L=chunk_size, P=P, N=N, HAS_RST=rst is not None, DOT_DTYPE=dot, PREC=precision, dtype=x.dtype)
-    D_, h0_ = adt if D is None else D, adt if h0 is None else h0
+    D_, h0_ = dt if D is None else D, dt if h0 is None else h0
     if split:                                                             # a state pass, then a chunk pass
         _launch(_ssd_fwd_state_kernel, "fwd", lambda meta: (H, b, N // meta["BN"]), x, Bt, adt, sig, h0_, rst_, ht, hs,
                 T, H, NC, *x.stride()[:2], **flags, HAS_H0=h0 is not None)
-        _launch(_ssd_fwd_chunk_kernel, "fwd", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam, D_, hs, rst_, y,
+        _launch(_ssd_fwd_chunk_kernel, "fwd", (NC, H, b), x, Bt, Ct, adt, sig, gam, D_, hs, rst_, y,
                 T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None)
         if not store: hs = torch.empty(0, device=x.device, dtype=Bt.dtype)
     else:
-        _launch(_ssd_fwd_kernel, "fwd", (H, b), x, Bt, Ct, cbd, adt, sig, gam, D_, h0_, rst_, y, ht,
+        _launch(_ssd_fwd_kernel, "fwd", (H, b), x, Bt, Ct, adt, sig, gam, D_, h0_, rst_, y, ht,
                 hs if store else ht, T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None, HAS_H0=h0 is not None, STORE=store)
-    return y, ht, phit, Bt, Ct, cbd, hs, phis
+    return y, ht, phit, k_last, Bt, Ct, hs, phis, adt, gam, sig, oms, starts
 
 # %% ../nbs/01_ssd_triton.ipynb #5ca18841
-def _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, gB, gC, dphit, chunk_size, has_rst, dtype):
-    """Launch the angle kernel on the per-head dB̃, dC̃: the group's dB, dC, the bias gradients (empty without biases),
-    dω (summed over the heads when θ is shared), the angle path's dΔ and dΦ₀; launched with the config of x's `dtype`."""
+def _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, starts, gB, gC, dphit, chunk_size, has_rst, dtype):
+    """The rotation's backward on the per-head dB̃, dC̃: the group's dB, dC, the bias gradients (empty without biases),
+    dω within each chunk (summed over the heads when ω is shared), the angle path's dΔ within each chunk (one partial
+    sum per block of pairs with angles), the gradient of each chunk's turn and dΦ₀ (`_ssd_bwd_carry_kernel`);
+    launched with the config of x's `dtype`."""
     b, T, G, N = B.shape
     H, NC, S = phis.shape[1:]
     OM_H = om.shape[2]
     f32 = dict(device=B.device, dtype=torch.float32)
-    JB = 16                                                              # pairs per program: what fits in registers
-    NJ = max(N // 2, 16) // JB
+    JB = _angle_pairs(N)
+    NJ, NJA = max(N // 2, 16) // JB, triton.cdiv(S, JB)                  # blocks of pairs, those with angles
     dB, dC = torch.empty_like(B), torch.empty_like(C)
     dom = torch.empty(b, T, G if OM_H == 1 else H, S, **f32)            # shared ω: summed over the group's heads
-    ddt = torch.empty(b, T, H, NJ, **f32)                                # dΔ: one sum per pair block
-    dphi0 = torch.empty(b, H, S, **f32)
-    pB, pC = (torch.empty(b, H, N, **f32) if Bb is not None else torch.empty(0, **f32) for _ in range(2))
-    _launch(_ssd_bwd_angle_kernel, "bwd_angle", (G, b, NJ), B, C, dt if Bb is None else Bb,
-            dt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dphit, dB, dC, pB, pC, dom, ddt, dphi0,
-            T, H, S, NC, OM_H, int(OM_H > 1), G, L=chunk_size, N=N, NH=JB, HG=H // G,
+    ddt = torch.empty(b, T, H, NJA, **f32)
+    du = torch.empty(b, H, NC, S, **f32)                                 # what each chunk reads of its carry
+    pB, pC = (torch.empty(b, NC, H, N, **f32) if Bb is not None else torch.empty(0, **f32) for _ in range(2))
+    _launch(_ssd_bwd_angle_kernel, "bwd_angle", (NC, b, G * NJ), B, C, dt if Bb is None else Bb,
+            dt if Cb is None else Cb, om, dt, phis, rst_, gB, gC, dB, dC, pB, pC, dom, ddt, du,
+            T, H, S, NC, OM_H, int(OM_H > 1), G, NJ, NJA, L=chunk_size, N=N, NH=JB, HG=H // G,
             HGP=triton.next_power_of_2(H // G), OM_SHARED=OM_H == 1, HAS_BIAS=Bb is not None, HAS_RST=has_rst, dtype=dtype)
-    if OM_H == 1 and G > 1: dom = dom.sum(2, keepdim=True)               # ω shared by all heads
-    dBb, dCb = ((pB.sum(0).to(Bb.dtype), pC.sum(0).to(Cb.dtype)) if Bb is not None
-                else (torch.empty(0, **f32), torch.empty(0, **f32)))    # (H, N), from the sequences' sums
-    return dB, dC, dBb, dCb, dom, ddt.sum(-1), dphi0
+    dturn, dphi0 = torch.empty(b, H, NC, S, **f32), torch.empty(b, H, S, **f32)
+    _launch(_ssd_bwd_carry_kernel, "bwd_carry", (H, b), du, starts, dphit, dturn, dphi0, H, S, NC,
+            CB=_carry_block(NC), SP=triton.next_power_of_2(S), HAS_RST=has_rst, dtype=torch.float32)
+    dBb, dCb = ((pB.sum((0, 1)).to(Bb.dtype), pC.sum((0, 1)).to(Cb.dtype)) if Bb is not None
+                else (torch.empty(0, **f32), torch.empty(0, **f32)))    # (H, N), from the chunks' sums
+    return dB, dC, dBb, dCb, dom, ddt, dturn, dphi0
 
 # %% ../nbs/01_ssd_triton.ipynb #a45b2aef
 @triton_op("mamba3_lite::ssd_bwd", mutates_args=())
 def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor],
-             Cb: Optional[Tensor], Bt: Tensor, Ct: Tensor, cbd: Tensor, adt: Tensor, sig: Tensor, gam: Tensor,
-             om: Optional[Tensor], dt: Tensor, D: Optional[Tensor], hs: Tensor, phis: Tensor, rst: Optional[Tensor],
-             chunk_size: int, precision: str, has_h0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                      Tensor, Tensor, Tensor]:
-    """Backward SSD: gradients of (x, B, C, B_bias, C_bias, ΔA, σ, γ, ω, Δ (angle path), D, h'_{-1}, Φ₀); empty for
-    the inputs that are absent (h'_{-1} unless `has_h0`). `dht` empty: no gradient reaches the final state."""
+             Cb: Optional[Tensor], Bt: Tensor, Ct: Tensor, adt: Tensor, sig: Tensor, gam: Tensor,
+             oms: Tensor, dt: Tensor, A: Tensor, lam: Tensor, theta: Optional[Tensor], om: Optional[Tensor],
+             D: Optional[Tensor], hs: Tensor, phis: Tensor, starts: Tensor, rst: Optional[Tensor], chunk_size: int,
+             precision: str, has_h0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                    Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Backward SSD: gradients of (x, B, C, B_bias, C_bias, Δ, A, λ, θ (shared), ω (per head), D, h'_{-1}, Φ₀); empty
+    for the inputs that are absent (h'_{-1} unless `has_h0`). `dht` empty: no gradient reaches the final state."""
     b, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
     NC = triton.cdiv(T, chunk_size)
@@ -1055,8 +1154,9 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dh0 = torch.empty(b, H, P, N, **f32) if has_h0 else none()
     _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, rst_, dy, dht, dhs, dh0, T, H, NC, **dots,
             HAS_DHT=dht.numel() > 0, HAS_H0=has_h0, HAS_RST=has_rst)
+    om_ = oms if theta is not None else om                               # ω as the rotation read it, or None
     per_head = G == H and Bb is None
-    if om is None:                   # no rotation: the chunk kernel writes dB, dC (per-head fp32 where heads share)
+    if om_ is None:                  # no rotation: the chunk kernel writes dB, dC (per-head fp32 where heads share)
         out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
         gB, gC = out(B), out(C)
     else:                            # dB̃, dC̃ in the dot dtype, for the angle kernel
@@ -1068,48 +1168,67 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     dsl = torch.empty(b, H, NC, **f32) if split else none()              # <dH_out, H_in>, from DO_BC to DO_X
     halves = ((False, True), (True, False)) if split else ((True, True),)   # (DO_X, DO_BC): DO_BC first
     for do_x, do_bc in halves:
-        _launch(_ssd_bwd_chunk_kernel, "bwd_chunk", (NC, H, b), x, Bt, Ct, cbd, adt, sig, gam,
+        _launch(_ssd_bwd_chunk_kernel, "bwd_chunk", (NC, H, b), x, Bt, Ct, adt, sig, gam,
                 adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC,
                 *x.stride()[:2], **dots,
                 DO_X=do_x, DO_BC=do_bc, HAS_D=D is not None, HAS_RST=has_rst)
-    dom, ddt, dphi0 = none(), none(), none()
+    dom, ddta, dturn, dphi0 = none(), none(), none(), none()
     dBb, dCb = none(), none()
-    if om is None:
+    if om_ is None:
         dB, dC = gB, gC
         if Bb is not None: dBb, dCb = dB.sum((0, 1)).to(Bb.dtype), dC.sum((0, 1)).to(Cb.dtype)   # (H, N)
         if not per_head:                                                 # heads -> their group
             dB = dB.view(b, T, G, H // G, N).sum(3).to(B.dtype)
             dC = dC.view(b, T, G, H // G, N).sum(3).to(C.dtype)
     else:                            # the angle kernel sums over the heads of each group, on chip
-        dB, dC, dBb, dCb, dom, ddt, dphi0 = _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, gB, gC, dphit, chunk_size,
-                                                         has_rst, x.dtype)
-    return (dx, dB, dC, dBb, dCb, dadt, dsig, dgam, dom, ddt, none() if D is None else dD.sum((0, 2)).to(D.dtype),
-            dh0, dphi0)
+        dB, dC, dBb, dCb, dom, ddta, dturn, dphi0 = _angle_grads(B, C, Bb, Cb, om_, dt, phis, rst_, starts, gB, gC,
+                                                                 dphit, chunk_size, has_rst, x.dtype)
+    S = 0 if om_ is None else om_.shape[-1]
+    HP, SP = _scalar_tiles(H, S)
+    ddt, dA, dlam = (torch.empty(b, T, H, **f32) for _ in range(3))
+    dth = torch.empty_like(theta) if theta is not None else none()
+    _launch(_ssd_bwd_scalars_kernel, "bwd_scalars", (NC, b), dt, A, lam, rst_, dt if theta is None else theta,
+            dt if om is None else om, dadt, dgam, dsig, dt if om_ is None else dom, dt if om_ is None else ddta,
+            dt if om_ is None else dturn, ddt, dA, dlam, dth, T, H, S, NC, 1 if om is None else om.shape[2], G,
+            0 if om_ is None else ddta.shape[-1], L=chunk_size, HP=HP, SP=SP,
+            NJAP=1 if om_ is None else triton.next_power_of_2(ddta.shape[-1]), HAS_RST=has_rst, HAS_THETA=S > 0,
+            SHARED=theta is not None, dtype=torch.float32)
+    return (dx, dB, dC, dBb, dCb, ddt, dA, dlam, dth, dom if om is not None else none(),
+            none() if D is None else dD.sum((0, 2)).to(D.dtype), dh0, dphi0)
 
 # %% ../nbs/01_ssd_triton.ipynb #63151d74
 def _ssd_setup(ctx, inputs, output):
-    x, B, C, Bb, Cb, adt, sig, gam, om, dt, D, h0, phi0, rst, chunk_size, precision, store = inputs
-    y, ht, phit, Bt, Ct, cbd, hs, phis = output
-    ctx.save_for_backward(x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis, rst)
+    x, B, C, Bb, Cb, dt, A, lam, theta, om, D, h0, phi0, rst, chunk_size, precision, store = inputs
+    y, ht, phit, k_last, Bt, Ct, hs, phis, adt, gam, sig, oms, starts = output
+    ctx.save_for_backward(x, B, C, Bb, Cb, Bt, Ct, adt, sig, gam, oms, dt, A, lam, theta, om, D, hs, phis, starts,
+                          rst, phit, k_last)
     ctx.cfg = (chunk_size, precision, h0 is not None, phi0 is not None)
     ctx.set_materialize_grads(False)   # no zero gradients for the outputs only the backward reads (B̃, C̃, states)
 
-def _ssd_backward(ctx, dy, dht, dphit, *_):
+def _ssd_backward(ctx, dy, dht, dphit, dkl, *_):
     "The Triton backward; it builds no graph, so a double backward raises instead of silently returning zeros."
-    x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis, rst = ctx.saved_tensors
+    x, B, C, Bb, Cb, Bt, Ct, adt, sig, gam, oms, dt, A, lam, theta, om, D, hs, phis, starts, rst, phit, k_last = ctx.saved_tensors
     chunk_size, precision, has_h0, has_phi0 = ctx.cfg
     if hs.numel() == 0: raise RuntimeError("ssd_triton: no states were stored for the backward (called under no_grad?)")
     b, T, H, P = x.shape
+    S = theta.shape[-1] if theta is not None else 0 if om is None else om.shape[-1]
     f32 = dict(device=x.device, dtype=torch.float32)
     dy = torch.zeros(x.shape, device=x.device, dtype=x.dtype) if dy is None else dy.contiguous()
     dht = torch.empty(0, **f32) if dht is None else dht.float().contiguous()     # empty: no gradient of H_T
-    dphit = (torch.zeros(b, H, 0 if om is None else om.shape[-1], **f32) if dphit is None
-             else dphit.float().contiguous())
-    g = torch.ops.mamba3_lite.ssd_bwd(dy, dht, dphit, x, B, C, Bb, Cb, Bt, Ct, cbd, adt, sig, gam, om, dt, D, hs, phis,
-                                      rst, chunk_size, precision, has_h0)
-    dx, dB, dC, dBb, dCb, dadt, dsig, dgam, dom, ddt, dD, dh0, dphi0 = g
-    return (dx, dB, dC, _none_if_empty(dBb), _none_if_empty(dCb), dadt, dsig, dgam, _none_if_empty(dom),
-            _none_if_empty(ddt), _none_if_empty(dD), dh0 if has_h0 else None, dphi0 if has_phi0 else None,
+    dphit = torch.zeros(b, H, S, **f32) if dphit is None else dphit.float().contiguous()
+    if dkl is not None:              # the last key B̃_{T-1} = R(Φ_T)(B_{T-1} + B_bias): its angle's share of dΦ_T
+        ke, ko, ge, go = k_last[..., 0:2 * S:2], k_last[..., 1:2 * S:2], dkl[..., 0:2 * S:2], dkl[..., 1:2 * S:2]
+        dphit = dphit + (go * ke - ge * ko).float()
+    g = torch.ops.mamba3_lite.ssd_bwd(dy, dht, dphit, x, B, C, Bb, Cb, Bt, Ct, adt, sig, gam, oms, dt, A, lam,
+                                      theta, om, D, hs, phis, starts, rst, chunk_size, precision, has_h0)
+    dx, dB, dC, dBb, dCb, ddt, dA, dlam, dth, dom, dD, dh0, dphi0 = g
+    if dkl is not None:              # and its (B_{T-1} + B_bias)'s: the gradient turned back by -Φ_T, heads to groups
+        back = rotate_pairs(dkl.float(), -phit)                                       # (b, H, N)
+        G = B.shape[2]
+        dB[:, -1] += back.view(b, G, H // G, -1).sum(2).to(dB.dtype)
+        if Bb is not None: dBb = dBb + back.sum(0).to(dBb.dtype)
+    return (dx, dB, dC, _none_if_empty(dBb), _none_if_empty(dCb), ddt, dA, dlam, _none_if_empty(dth),
+            _none_if_empty(dom), _none_if_empty(dD), dh0 if has_h0 else None, dphi0 if has_phi0 else None,
             None, None, None, None)
 
 _ssd_fwd.register_autograd(_ssd_backward, setup_context=_ssd_setup)
@@ -1177,12 +1296,9 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     rst = document_starts(seq_idx, b, T, x.device)                        # (b, T) bool: a document starts here, or None
     rst32 = None if rst is None else rst.to(torch.int32).contiguous()
     shared = theta is not None and theta.dim() == 3                       # θ (b, T, S): one for all heads
-    adt, gam, sig, om = torch.ops.mamba3_lite.ssd_scalars(
-        dt.float().contiguous(), A.float().expand(b, T, H).contiguous(), lam.float().contiguous(), rst32,
-        theta.float().contiguous() if shared else None)                   # fp32 (b, T, H); ΔA 0 at starts
-    # angle rates ω = π·tanh(θ), (b, T, 1|H, S): the scalar kernel's for a shared θ
-    om = om[:, :, None, :] if shared else None if theta is None else angle_rate(theta.float()).contiguous()
-    S = 0 if om is None else om.shape[-1]
+    th = theta.float().contiguous() if shared else None                   # its ω = π·tanh(θ) is made in the kernels
+    om = None if theta is None or shared else angle_rate(theta.float()).contiguous()   # per head: (b, T, H, S)
+    S = 0 if theta is None else theta.shape[-1]
     h0 = phi0 = None
     if initial_state is not None:
         angle, h, k, v = initial_state
@@ -1196,10 +1312,8 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     prec = precision if x.dtype == torch.float32 else "ieee"              # input_precision only means something for fp32
     bias = lambda t: None if t is None else t.float().contiguous()
     rows = x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous()   # batch, token strides: any
-    y, ht, phit, *_ = torch.ops.mamba3_lite.ssd_fwd(rows, B.contiguous(), C.contiguous(), bias(B_bias),
-                                                    bias(C_bias), adt, sig, gam, om, dt.float().contiguous(), Df, h0,
-                                                    phi0, rst32, chunk_size, prec, store)
-    k_last = B[:, -1].float().repeat_interleave(H // B.shape[2], dim=1)     # (b, H, N), per head
-    if B_bias is not None: k_last = k_last + B_bias.float()
-    k_last = rotate_pairs(k_last, phit)                                      # B̃_{T-1}, unscaled
+    y, ht, phit, k_last, *_ = torch.ops.mamba3_lite.ssd_fwd(rows, B.contiguous(), C.contiguous(), bias(B_bias), bias(C_bias),
+                                                    dt.float().contiguous(), A.float().expand(b, T, H).contiguous(),
+                                                    lam.float().contiguous(), th, om, Df, h0, phi0, rst32, chunk_size,
+                                                    prec, store)
     return y, SSDState(phit, ht, k_last, x[:, -1].float())

@@ -51,15 +51,18 @@ def test_usage_errors(tmp_path, args, env, says):
 
 
 def test_budget_skips_what_does_not_fit(tmp_path):
-    "60 s budget: env runs, e2e_smoke (needs >= 60 s) is skipped for the budget; three files, exit 0."
-    r, out = suite(tmp_path, "--smoke", "--cpu", "--budget", "60", "--section", "e2e_smoke")
+    "75 s budget: env runs (its cap: 75 - 15 s), e2e_smoke (needs >= 60 s) is skipped for the budget; three files, exit 0."
+    r, out = suite(tmp_path, "--smoke", "--cpu", "--budget", "75", "--section", "e2e_smoke")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "results.json", "summary.md"]
     sections = json.loads((out / "results.json").read_text())["sections"]
     assert list(sections) == ["env", "e2e_smoke"]
     assert sections["env"]["status"] == "ok" and sections["env"]["results"]["env.json"]["device"] == "CPU"
     assert sections["e2e_smoke"]["status"] == "skipped" and sections["e2e_smoke"]["note"].startswith("budget:")
-    assert "| e2e_smoke | skipped |" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "| e2e_smoke | skipped |" in summary
+    rerun = "rerun what did not pass: bash bench/gpu_suite.sh --budget 915 --section e2e_smoke --smoke --cpu"   # 900 + 15
+    assert rerun in r.stdout and rerun in summary
 
 
 STALL_HOOK = """
@@ -416,3 +419,222 @@ def test_e2e_data_check_on_synthetic_shards_and_cut(tmp_path):
     assert before["meta"]["corpus"]["kind"].startswith("synthetic"), before["meta"]["corpus"]
     assert [(c["num"], c["ok"]) for c in after["checks"]] == [(2, True), (4, False)] and after["ok"] is False, after
     assert after["checks"][1]["error"] == after["meta"]["interrupted"] == "interrupted (SIGINT) during check [4] checkpoint round trip"
+
+
+# ---------------------------------------------------------------- the suite on the machine it gets
+BLOCK_HOOK = """
+import sys
+class _Missing:
+    "Makes `import {name}` fail as on a machine without it."
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == {name!r} or fullname.startswith({name!r} + "."):
+            raise ModuleNotFoundError(f"No module named {{fullname!r}}", name=fullname)
+sys.meta_path.insert(0, _Missing())
+"""
+
+
+def without_module(tmp_path, name):
+    "PYTHONPATH whose sitecustomize makes `name` unimportable."
+    hook = tmp_path / f"without_{name}"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(BLOCK_HOOK.format(name=name))
+    return str(hook) + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+
+def test_env_imports_what_the_suite_needs():
+    "The env section's list: the package requirements the GPU image may lack among them; peers, stand-ins, parquet not."
+    ge = load_bench("gpu_env")
+    needed = ge.needed_modules()
+    tops = {m.split(".")[0] for m in needed}
+    assert {"torch", "triton", "numpy", "fastcore", "blake3", "tqdm", "yaml", "tiktoken", "safetensors", "matplotlib"} <= tops
+    assert not tops & {"fla", "mamba_ssm", "IPython", "pyarrow", "wandb", "lm_eval"}, tops
+    assert needed["blake3"] == "mamba3_lite/checkpoint.py" and "mamba3_lite.ssd_triton" in needed
+    assert sorted(ge.suite_scripts()) == ["doc_reset_cpu", "e2e_gpu_smoke", "gpu_cells", "gpu_env", "model_gpu",
+                                          "ssd_kernel", "train_gpu"]
+
+
+@pytest.mark.parametrize("name, who", [("blake3", "(imported by mamba3_lite/checkpoint.py)"),
+                                       ("fastcore", "(imported by mamba3_lite/data.py)"),
+                                       ("tqdm", "which torch._dynamo.utils imports")])   # torch.compile needs it too
+def test_env_names_a_missing_module(tmp_path, name, who):
+    "A package requirement missing: gpu_env.py exits 4 before anything else, one line naming it and who needs it."
+    env = dict(os.environ, PYTHONPATH=without_module(tmp_path, name), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "bench/gpu_env.py", "--cpu", "--out", str(tmp_path)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 4, r.stdout + r.stderr
+    line = [l for l in r.stdout.splitlines() if l.startswith("gpu_env.py: missing module")]
+    assert len(line) == 1 and f"missing module '{name}" in line[0] and who in line[0], r.stdout
+    rec = json.loads((tmp_path / "env.json").read_text())
+    assert rec["missing"]["name"].split(".")[0] == name and "torch" not in rec, rec   # stopped before the versions
+
+
+def test_suite_stops_after_a_missing_module(tmp_path):
+    "env exit 4: the suite skips every later section (no time spent), says why, and prints the rerun line."
+    r, out = suite(tmp_path, "--smoke", "--cpu", "--section", "kernel_check,model",
+                   PYTHONPATH=without_module(tmp_path, "blake3"))
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    sections = json.loads((out / "results.json").read_text())["sections"]
+    assert sections["env"]["status"] == "FAILED" and "missing module 'blake3'" in sections["env"]["note"], sections["env"]
+    for name in ("kernel_check", "model"):
+        assert sections[name]["status"] == "skipped" and sections[name]["note"].startswith("env:"), sections[name]
+        assert sections[name]["seconds"] == "0"
+    summary = (out / "summary.md").read_text()
+    assert "**missing module `blake3`**" in summary and "--section kernel_check,model --smoke --cpu" in summary
+
+
+def test_fetch_peers_brings_what_the_image_lacks(tmp_path):
+    """fetch_peers.sh's check: every module the suite imports is in the device image (IMAGE_HAS) or in a wheel it
+    fetches; without the blake3 wheel, blake3 is named."""
+    import zipfile
+    ge = load_bench("gpu_env")
+    sh = (ROOT / "bench" / "fetch_peers.sh").read_text()
+    image = re.search(r'^IMAGE_HAS="([^"]*)"', sh, re.M).group(1).split()
+    fetched = set(re.findall(r'"([\w.-]+)==\$\w+"', sh))
+    assert {"fastcore", "blake3", "fla-core", "einops", "mamba-ssm"} <= fetched, fetched
+    assert "tqdm" in image and "fastcore" not in image and "blake3" not in image
+    for name in ("fastcore", "blake3"):
+        with zipfile.ZipFile(tmp_path / f"{name}-1.0-py3-none-any.whl", "w") as z:
+            z.writestr(f"{name}/__init__.py", "")
+            z.writestr(f"{name}-1.0.dist-info/METADATA", "")
+    assert ge.lacking(image, tmp_path) == []
+    (tmp_path / "blake3-1.0-py3-none-any.whl").unlink()
+    assert ge.lacking(image, tmp_path) == ["blake3"]
+    assert ge.main(["--lacking", " ".join(image), str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H200", "H200"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None), ("NVIDIA A100-SXM4-40GB", None),
+    ("NVIDIA A100 80GB PCIe", None), ("NVIDIA L4", None), ("", None)])
+def test_gpu_from_name(name, key):
+    "The datasheet row by device name: only the cards whose numbers the table holds; the others get none."
+    assert load_bench("gpu_model").gpu_from_name(name) == key
+
+
+def test_roofline_and_mfu_use_the_detected_gpu(capsys):
+    "ssd_kernel.py's roofline and model_gpu.py's MFU peak follow the device; an unknown one gets none and one line."
+    sk, mg = load_bench("ssd_kernel"), load_bench("model_gpu")
+    assert sk.roofline_peaks("NVIDIA H100 80GB HBM3") == ("H100-SXM", 989.0, 3.35, "datasheet")
+    assert sk.roofline_peaks("NVIDIA H200") == ("H200", 989.0, 4.8, "datasheet")
+    assert sk.roofline_peaks("NVIDIA H100 80GB HBM3", 500.0, 2.0) == (None, 500.0, 2.0, "given")
+    assert sk.roofline_peaks(None)[1:3] == (None, None)
+    capsys.readouterr()
+    assert sk.roofline_peaks("NVIDIA H100 PCIe")[:3] == (None, None, None)
+    assert capsys.readouterr().out.count("not in bench/gpu_model.py's GPUS") == 1
+    assert sk.roofline_us(16, 2048, 32, 64, 128, 32, None, None) == (None, None)
+    assert mg.peak_tflops("NVIDIA A100-SXM4-80GB", None) == 312.0 and mg.peak_tflops("NVIDIA H200", 100.0) == 100.0
+    assert mg.peak_tflops("Tesla T4", None) is None and "no MFU" in capsys.readouterr().out
+
+
+def test_memory_count_decides_the_h100_runs():
+    """bench/model_memory.py on the 434M preset at 16 x 2048 (fake tensors): without checkpointing the step does not
+    fit an H100's 80 GB (81,559 MiB) but fits an H200's (143,771 MiB); with it, it fits either."""
+    mm = load_bench("model_memory")
+    from mamba3_lite.model import ModelConfig
+    h100, h200 = 81559 * 2**20, 143771 * 2**20
+    full = mm.training_memory(ModelConfig.from_preset("a100-400m", ssd_dispatch="triton"), 16, 2048)
+    ckpt = mm.training_memory(ModelConfig.from_preset("a100-400m", ssd_dispatch="triton", grad_checkpoint=True), 16, 2048)
+    assert full["states"] == 16 * 434_359_040
+    assert not mm.fits(full, h100)[0] and mm.fits(full, h200)[0] and mm.fits(ckpt, h100)[0]
+    assert full["saved"] > 10 * ckpt["saved"], (full, ckpt)
+    assert "more than 90% of 79.6 GiB" in mm.fits(full, h100)[1]
+
+
+def test_model_bench_skips_what_does_not_fit(tmp_path):
+    "model_gpu.py: a configuration over the memory it may use is not run; one line, its JSON line says so."
+    f = tmp_path / "model_gpu.jsonl"
+    args = [sys.executable, "bench/model_gpu.py", "--device", "cpu", "--preset", "tiny", "--batch", "2", "--seq-len", "32",
+            "--steps", "1", "--warmup", "0", "--peak-tflops", "1", "--dtype", "fp32", "--no-grad-checkpoint",
+            "--json", str(f)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(args + ["--memory-gib", "0.001"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "more than 90% of 0.0 GiB: not run" in r.stdout and "step 1/1" not in r.stdout, r.stdout
+    r = subprocess.run(args + ["--memory-gib", "8"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    skipped, ran = [json.loads(l) for l in f.read_text().splitlines()]
+    assert skipped["status"] == "skipped: does not fit" and skipped["memory_floor_gib"] > 0 and "mfu" not in skipped
+    assert ran["status"] == "ok" and ran["memory_floor_gib"] == skipped["memory_floor_gib"] and ran["mfu"] > 0, ran
+    md = load_bench("suite_report").render_known("model", {"model_gpu.jsonl": [skipped, ran]})
+    assert any("skipped: does not fit: needs at least" in l for l in md), md
+
+
+def test_train_step_runs_the_production_config(monkeypatch):
+    """train_gpu.py's defaults are configs/pretrain_a100_400m.yaml's (checkpointing, 16 x 2048 x 2, Triton SSD) and its
+    compile mode, which is `default`; the suite's train_step section overrides none of them."""
+    tg = load_bench("train_gpu")
+    monkeypatch.delenv("TORCH_COMPILE_MODE", raising=False)
+    from mamba3_lite.config import load_config
+    shipped = load_config(ROOT / "configs" / "pretrain_a100_400m.yaml")
+    cfg, mode = tg.run_config(tg.parse_args(["--smoke"]))
+    assert cfg == shipped and mode == shipped.training.compile_mode == "default"
+    assert (cfg.model["grad_checkpoint"], cfg.training.micro_batch_size, cfg.data.max_seq_len,
+            cfg.training.gradient_accumulation_steps, cfg.model["ssd_dispatch"]) == (True, 16, 2048, 2, "triton")
+    monkeypatch.setenv("TORCH_COMPILE_MODE", "max-autotune")                      # as training reads it
+    assert tg.run_config(tg.parse_args([]))[1] == "max-autotune"
+    assert tg.run_config(tg.parse_args(["--compile-mode", "reduce-overhead"]))[1] == "reduce-overhead"
+    sh = SUITE.read_text()
+    call = re.search(r"^section_train_step\(\) \{\n(.*?)\n\}", sh, re.M | re.S).group(1)
+    assert "bench/train_gpu.py --smoke" in call
+    assert not re.search(r"--(batch|seq-len|accum|preset|grad-checkpoint|no-grad-checkpoint|compile-mode|config)\b", call)
+
+
+def fake_kernel(broken=None):
+    "ssd_triton stand-in: `per_head_reference`, or with its biases (broken='bias') or restarts (broken='resets') dropped."
+    sk = load_bench("ssd_kernel")
+
+    def fn(**kw):
+        if broken == "bias" and kw.get("B_bias") is not None:
+            kw = dict(kw, B_bias=torch.zeros_like(kw["B_bias"]), C_bias=torch.zeros_like(kw["C_bias"]))
+        if broken == "resets":
+            kw.pop("seq_idx", None)
+        return sk.per_head_reference(**kw)
+    return fn
+
+
+@pytest.mark.parametrize("broken, failing", [
+    (None, set()),
+    ("bias", {"shared B/C + bias", "shared B/C + bias, resets"}),
+    ("resets", {"shared B/C + bias, resets"})])
+def test_gate_checks_the_training_path(monkeypatch, broken, failing):
+    """The kernel gate runs the shared-B/C + per-head bias path with and without document restarts, besides per-head
+    B/C: a kernel that drops the biases, or the restarts, fails exactly the rows of those paths."""
+    sk = load_bench("ssd_kernel")
+    monkeypatch.setattr(sk, "ssd_triton", fake_kernel(broken))
+    rows = []
+    sk.gate(torch.device("cpu"), True, rows, lambda: None)
+    paths = {name.split(": ")[0].removeprefix("fp32 ") for name, *_ in rows}
+    assert paths == set(sk.GATE_PATHS) == {"shared B/C + bias", "shared B/C + bias, resets", "per-head B/C"}
+    assert {name.split(": ")[0].removeprefix("fp32 ") for name, _, _, ok in rows if not ok} == failing, rows
+
+
+def test_gate_document_ids_restart_inside_and_at_chunks():
+    sk = load_bench("ssd_kernel")
+    ids = sk.document_ids(2, 2048, 64, seed=4)
+    starts = ids[:, 1:] != ids[:, :-1]
+    assert (ids[:, 0] == 0).all() and (ids[:, 1:] >= ids[:, :-1]).all()
+    assert starts[:, 63].all() and starts[:, 64].all()                         # at t = 64 (a chunk start) and t = 65
+    assert (starts[:, 64:].nonzero()[:, 1] % 64 != 63).any()                    # and inside chunks
+    assert not torch.equal(ids[0], ids[1])
+
+
+def test_gate_passes_on_the_kernel_under_the_interpreter(tmp_path):
+    "The real kernel (Triton interpreter, tiny shape) passes every path of the gate, fp32 vs ssd_chunked."
+    r = subprocess.run([sys.executable, "bench/ssd_kernel.py", "--part", "gate", "--cpu", "--out", str(tmp_path)], cwd=ROOT,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    gate = json.loads((tmp_path / "ssd_kernel_cpu_gate.json").read_text())["gate"]
+    assert len(gate) == 9 and all(g["ok"] for g in gate), gate
+    assert {g["check"].split(": ")[0] for g in gate} == {f"fp32 {p}" for p in load_bench("ssd_kernel").GATE_PATHS}
+
+
+def test_readme_device_plan_fits_the_device_time():
+    """bench/README.md's plan: the first command's budget leaves its timeout room and runs at most 7 minutes; the rerun
+    is sized from the device time left."""
+    readme = (ROOT / "bench" / "README.md").read_text()
+    first = re.search(r"command:\s+bash bench/gpu_suite.sh --budget (\d+)\ncarry:\s+\[\"bench/peers\"\]\ntimeout_s: (\d+)",
+                      readme)
+    budget, timeout = int(first.group(1)), int(first.group(2))
+    assert timeout <= 420 and budget + 20 <= timeout, (budget, timeout)
+    default = re.search(r"BUDGET=\$\{BUDGET:-\$\(\[\[ \$CPU == 1 \]\] && echo \d+ \|\| echo (\d+)\)\}", SUITE.read_text())
+    assert budget == int(default.group(1))                                       # the suite's own GPU default

@@ -222,3 +222,90 @@ def test_official_source_reads_only_the_kernels_and_checks_the_archive(tmp_path)
     with pytest.raises(ValueError, match="nothing extracted"):
         src.extract(b"not the archive", tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+@triton.jit
+def _looped(x_ptr, y_ptr, n, K: tl.constexpr, BLOCK: tl.constexpr):
+    "A toy of known work: n outer trips of K inner ones, each a (BLOCK, BLOCK) @ (BLOCK, BLOCK) dot; one store."
+    i = tl.arange(0, BLOCK)
+    tile = tl.load(x_ptr + i[:, None] * BLOCK + i[None, :])
+    acc = tl.zeros((BLOCK, BLOCK), tl.float32)
+    for _ in range(n):
+        for _ in range(K):
+            acc = tl.dot(tile.to(tl.float16), tile.to(tl.float16), acc=acc)
+    tl.store(y_ptr + tl.program_id(0) * BLOCK * BLOCK + i[:, None] * BLOCK + i[None, :], acc)
+
+
+def test_counter_counts_programs_serial_steps_and_dot_flops_of_a_toy_kernel():
+    """Grid (3, 2): 6 programs, each running n · K = 5 · 4 = 20 innermost loop trips (its serial steps, one after
+    another) of a 16³ fp16 dot (2 · 16³ FLOPs each); a loop-free kernel counts one step. The modelled time of a launch
+    is the largest of its memory, math and latency terms (bench/gpu_model.py)."""
+    import gpu_model
+    tr = traffic.Traffic().watch_loops(__file__)
+    x, y = torch.randn(16 * 16), torch.empty(6 * 16 * 16)
+    with tr.installed():
+        with tr.launch("looped"):
+            _looped[(3, 2)](x, y, 5, K=4, BLOCK=16)
+        with tr.launch("toy"):
+            _toy[(2,)](torch.randn(100), torch.tensor([3], dtype=torch.int32), torch.empty(100, dtype=torch.float16),
+                       torch.zeros(1), 100, BLOCK=64)
+    r = tr.rows[("looped", "fwd")]
+    assert (r["programs"], r["serial_steps"], r["flops"], r["fp32_flops"]) == (6, 20, 6 * 20 * 2 * 16 ** 3, 0), dict(r)
+    assert (tr.rows[("toy", "fwd")]["programs"], tr.rows[("toy", "fwd")]["serial_steps"]) == (2, 1)
+    g = gpu_model.GPUS["H100-SXM"]
+    us = gpu_model.modelled_us("H100-SXM", bytes=1e9, dot_flops=1e12, programs=264, serial_steps=100)
+    assert us == pytest.approx(1e6 * max(1e9 / g["bandwidth"], 1e12 / g["tensor"], 2 * 100 * gpu_model.STEP_S))
+    assert gpu_model.bound("H100-SXM", programs=16, serial_steps=4096) == "latency"
+
+
+def test_the_kernels_run_chunk_parallel_at_the_width_of_the_gpu():
+    """The launches of one layer at b1 H2, T = 128 and 256 (2 and 4 chunks of 64): no program's serial steps grow with
+    the chunks but the scans' (fwd, bwd_state: one step a chunk), so the rotation, the angle backward, the scalars and
+    the angle carries take more programs instead, one per chunk at least."""
+    short, long = (traffic.count(1, T, 2) for T in (128, 256))
+    kernels = [k for k in long if len(k) == 2 and not k[0].startswith("torch:")]
+    assert {k[0] for k in kernels} >= {"scalars", "carry", "rotate", "fwd", "bwd_state", "bwd_chunk", "bwd_angle",
+                                        "bwd_carry", "bwd_scalars"}
+    for k in kernels:
+        steps = (short[k]["serial_steps"], long[k]["serial_steps"])
+        if k[0] in ("fwd", "bwd_state"): assert steps == (2, 4), (k, steps)       # the chunk walks of the scans
+        else: assert steps[0] == steps[1], (k, steps)
+    for name, phase in (("rotate", "fwd"), ("bwd_angle", "bwd"), ("scalars", "fwd"), ("bwd_scalars", "bwd")):
+        assert long[(name, phase)]["programs"] == 2 * short[(name, phase)]["programs"], name
+
+
+def _committed(name):
+    "The newest committed bench/results/<name>_<date>.json."
+    return json.loads(sorted((BENCH / "results").glob(f"{name}_2???-??-??.json"))[-1].read_text())
+
+
+def _total(result, phase):
+    return next(r for r in result["rows"] if r["kernel"] == "total" and r["phase"] == phase)
+
+
+def test_every_launch_at_the_434m_shape_fills_an_h100_and_bytes_did_not_rise():
+    """The committed count at the 434M layer shape (b16 T2048 H32, sm_90 launches, the training path): every launch
+    runs at least 264 programs (2 per H100 SM), no program more serial steps than the 32 chunks, and the bytes stay at
+    or under the 1.740 GB forward and 5.163 GB forward + backward that a rotation walking the chunks moved."""
+    ours = _committed("ssd_traffic")
+    nc = ours["shape"]["T"] // ours["shape"]["chunk"]
+    launches = [r for r in ours["rows"] if "programs" in r and r["kernel"] != "total"]
+    assert len(launches) >= 9
+    thin = [(r["kernel"], r["programs"], r["serial_steps"]) for r in launches if r["programs"] < 264 or r["serial_steps"] > nc]
+    assert not thin, thin
+    fwd, both = _total(ours, "fwd")["bytes"], _total(ours, "fwd+bwd")["bytes"]
+    print(f"fewest programs {min(r['programs'] for r in launches)}, most steps {max(r['serial_steps'] for r in launches)}"
+          f" (≤ {nc}); {fwd / 1e9:.3f} / {both / 1e9:.3f} GB")
+    assert fwd <= 1_740_466_176 and both <= 5_162_918_016
+
+
+def test_the_modelled_h100_layer_time_is_at_most_0_8_of_the_official():
+    """The committed counts, ours and the official's at the same shape, modelled (bench/gpu_model.py): forward +
+    backward on an H100 at most 0.8 of the official kernels', and the model's numbers are on every row."""
+    ours, theirs = _committed("ssd_traffic"), _committed("ssd_traffic_official")
+    for result in (ours, theirs):
+        assert all(set(r["modelled_us"]) == {"A100-80GB", "H100-SXM", "H200"} for r in result["rows"])
+    ratios = {g: _total(ours, "fwd+bwd")["modelled_us"][g] / _total(theirs, "fwd+bwd")["modelled_us"][g]
+              for g in ("A100-80GB", "H100-SXM", "H200")}
+    print({g: round(v, 3) for g, v in ratios.items()})
+    assert ratios["H100-SXM"] <= 0.8

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from mamba3_lite.ssd import SSDState, angle_err, nmax, ssd_chunked, ssd_random_inputs, ssd_random_state
 from mamba3_lite.ssd_triton import KERNELS, autotune_configs, check_block_dims, default_config, ssd_triton
@@ -60,8 +61,9 @@ def test_per_head_theta_and_per_head_A():
 
 
 def test_angle_kernel_pair_blocks():
-    """N = 128 has 64 pairs: the angle kernel splits them into four programs of 16, each carrying its own angle
-    gradient and summing its share of dΔ. 40 angles put rotated pairs in three of the four blocks."""
+    """N = 128 has 64 pairs: the rotation and its backward split them into two programs of 32 a chunk, each summing
+    its share of dΔ and of what its chunk's first document reads of the angle carry. 40 angles put rotated pairs in
+    both blocks."""
     kw, state = ssd_case(37, 40, True, seed=77, P=16, N=128)
     assert_grads_close(ssd_grads(ssd_triton, kw, state, chunk_size=16), ssd_grads(ssd_chunked, kw, state, chunk_size=16),
                        1e-3)
@@ -113,13 +115,13 @@ def test_shared_bc_groups_and_bias(G, bias):
 
 @pytest.mark.parametrize("H,G,N,resets", [(32, 1, 32, False), (8, 2, 64, True)])
 def test_rotation_shares_a_program_per_group(monkeypatch, H, G, N, resets):
-    """The rotation as bf16 inputs launch it (`_rotate_tiles`; fp32's own runs a program per head): one program for
-    the heads of a group, or at N <= 64 and more than 16 heads two (H = 32, one group), each walking blocks of 16
-    pairs with the fp64 angle carries of its heads. Against ssd_chunked on the per-head B, C plus biases; gradients."""
+    """The rotation as bf16 inputs launch it (`_rotate_tiles`): one program for every head of a group, a chunk and a
+    block of up to 32 pairs, each chunk's angles from its carry (32 heads of one group at N = 32: one block of 16 pairs;
+    two groups of 4 heads at N = 64: one block of 32). Against ssd_chunked on the per-head B, C plus biases; gradients."""
     import mamba3_lite.ssd_triton as st
     real = st._rotate_tiles
     monkeypatch.setattr(st, "_rotate_tiles", lambda N, HG, dtype: real(N, HG, torch.bfloat16))
-    assert real(N, H // G, torch.bfloat16) == ((16, 16) if H == 32 else (4, 16))
+    assert real(N, H // G, torch.bfloat16) == ((32, 16) if H == 32 else (4, 32))
     kw, state = ssd_case(37, 4, True, seed=H + N, H=H, N=N)
     g = torch.Generator().manual_seed(H)
     shared = dict(kw, B=torch.randn(2, 37, G, N, generator=g), C=torch.randn(2, 37, G, N, generator=g),
@@ -201,6 +203,8 @@ def without_interpreter():
     return env
 
 
+PER_HEAD = ("rotate", "bwd_angle", "bwd_scalars")   # the kernels whose code the per-head interface (one group a head) changes
+
 # The argument lists of `bench/ssd_compile_check.py` that the compile tests read, by name. A launch in more than one
 # (every default config is also an autotune config) or whose code a flag does not change compiles once.
 COMPILE_GROUPS = dict(
@@ -212,13 +216,16 @@ COMPILE_GROUPS = dict(
     **{f"autotune{N}": ("--arch", "80", "90", "--autotune", "--bias", "on", "--resets", "both", "--P", "64", "--N", N)
        for N in ("128", "64")},
     # each launch at its default config for what the autotune rows leave out: fp32 inputs (their own configs, at their
-    # `kernel_chunk` of 16), every kernel, shared B/C with biases; the per-head interface (bias off) in bf16 and fp32
-    # for the kernels it changes (rotate, bwd_angle: the others compile to the same code); fp32's rotation at N = 64,
-    # where it runs on one warp
+    # `kernel_chunk` of 16), every kernel, shared B/C with biases; the per-head interface (bias off: one group a head)
+    # in bf16 and fp32 for the kernels it changes (rotate, bwd_angle, bwd_scalars: the others compile to the same
+    # code), at N = 128 and 64; fp32's rotation at N = 64
     **{name: ("--arch", "80", "90", "--default-config", "--resets", "both", "--P", "64", *more) for name, more in dict(
         fp32=("--dtype", "fp32", "--bias", "on", "--N", "128"),
-        per_head=("--dtype", "bf16", "fp32", "--bias", "off", "--kernels", "rotate", "bwd_angle", "--N", "128"),
+        per_head=("--dtype", "bf16", "fp32", "--bias", "off", "--kernels", *PER_HEAD, "--N", "128"),
+        per_head64=("--dtype", "bf16", "--bias", "off", "--kernels", *PER_HEAD, "--N", "64"),
         fp32_rotate64=("--dtype", "fp32", "--bias", "both", "--kernels", "rotate", "--N", "64")).items()},
+    # consumer Ampere (sm_86) and Ada (sm_89): 99 KiB of shared memory a block; every launch at its default config
+    consumer=("--arch", "86", "89", "--default-config", "--bias", "on", "--resets", "both", "--P", "64", "--N", "128"),
     # the sm_90 chunk backward at its default config held to 240 and 224 registers a thread (ptxas maxnreg)
     headroom=("--arch", "90", "--kernels", "bwd_chunk", "--default-config", "--bias", "on", "--P", "64", "--N", "128",
               "--maxnreg", "240", "224"))
@@ -280,10 +287,23 @@ def test_the_chunk_backward_needs_more_than_224_registers_on_sm90(compiled):
     assert rows[224]["spill_store_bytes"] > 0, rows[224]
 
 
+@pytest.mark.parametrize("arch", [86, 89])
+def test_every_launch_fits_consumer_ampere_and_ada_without_spills(compiled, arch):
+    """sm_86 (RTX 30xx, A10, A40) and sm_89 (RTX 40xx, L4, L40) give a block at most 99 KiB of shared memory, less than
+    an A100's 163: every launch at its default config (the A100's), with and without document restarts, fits there
+    and compiles without spills."""
+    rows = [r for r in compiled["consumer"] if r["arch"] == arch]
+    assert {r["kernel"] for r in rows} == set(KERNELS) and len(rows) == 2 * (len(KERNELS) + 2)   # fwd, bwd_chunk: 2
+    for r in rows:
+        assert r["fits"] and r["shared_bytes"] <= 99 * 1024 and r["ctas_per_sm"] >= 1, r
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+    print(f"sm_{arch}: {len(rows)} launches, most shared memory {max(r['shared_bytes'] for r in rows) / 1024:.0f} KiB ≤ 99")
+
+
 @pytest.fixture(scope="module")
 def default_table(compiled):
     "Rows of every launch at its default config that the autotune table leaves out (`COMPILE_GROUPS`)."
-    return compiled["fp32"] + compiled["per_head"] + compiled["fp32_rotate64"]
+    return compiled["fp32"] + compiled["per_head"] + compiled["per_head64"] + compiled["fp32_rotate64"]
 
 
 @pytest.mark.parametrize("arch,dtype,bias", [(arch, dt, bias) for arch in (80, 90) for dt, bias in
@@ -291,7 +311,7 @@ def default_table(compiled):
 def test_default_configs_do_not_spill_in_fp32_or_without_bias(default_table, arch, dtype, bias):
     rows = [r for r in default_table if (r["arch"], r["dtype"], r["bias"]) == (arch, dtype, bias)]
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    kinds = KERNELS if bias else ("rotate", "bwd_angle")
+    kinds = KERNELS if bias else PER_HEAD
     assert sorted({r["kernel"] for r in rows}) == sorted(kinds), rows
     for r in rows:
         d = default_config(r["kernel"], arch, r["N"], torch_dtype)
@@ -305,10 +325,15 @@ def test_main_loops_of_the_forward_and_chunk_backward_are_pipelined(autotune_tab
     """At their default configs and the 434M model's N = 128, the forward's chunk loop (sm_90: the fused scan; sm_80:
     the state pass and the chunk pass) and the chunk backward's loops over state tiles (every launch) load through
     cp.async or TMA: a `for` over `tl.range` at two stages, which the compiler software-pipelines (a `while` loop it
-    does not). At N = 64 a state-tile loop of BN = 64 columns runs once, with nothing to overlap."""
+    does not). At N = 64 a state-tile loop of BN = 64 columns runs once, with nothing to overlap. (Under Triton 3.6
+    sm_90's fused forward runs at one stage: at two it spills there.)"""
+    triton36 = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7)
     for kernel in ("fwd", "bwd_chunk"):
         stages = default_config(kernel, arch, N)["num_stages"]
         rows = [r for r in autotune_table[(arch, N, kernel, resets)] if r["num_stages"] == stages][:2]
+        if triton36 and (kernel, arch) == ("fwd", 90):
+            assert stages == 1 and rows, rows
+            continue
         assert stages >= 2 and rows, (kernel, stages)
         for r in rows:
             assert r["stages"] == stages and r["cp_async"] + r["tma"] > 0, r
@@ -391,8 +416,9 @@ def test_block_and_lm_compile_fullgraph_with_the_triton_ssd():
     assert res.returncode == 0, res.stdout + res.stderr
     found = json.loads(res.stdout.strip().splitlines()[-1])
     # fp32 modules: fp32's sm_90 configs, the forward as its state and chunk passes
-    kinds = {"scalars": "scalars", "rotate": "rotate", "fwd_state": "fwd", "fwd_chunk": "fwd", "bwd_state": "bwd_state",
-             "bwd_chunk": "bwd_chunk", "bwd_angle": "bwd_angle", "bwd_scalars": "bwd_scalars"}
+    kinds = {"scalars": "scalars", "carry": "carry", "rotate": "rotate", "fwd_state": "fwd", "fwd_chunk": "fwd",
+             "bwd_state": "bwd_state", "bwd_chunk": "bwd_chunk", "bwd_angle": "bwd_angle", "bwd_carry": "bwd_carry",
+             "bwd_scalars": "bwd_scalars"}
     assert found["block"] == {f"_ssd_{k}_kernel": 1 for k in kinds}, found
     assert found["lm"] == {f"_ssd_{k}_kernel": 2 for k in kinds}, found
     assert found["tuned"] == {f"_ssd_{k}_kernel": [[c["num_warps"], c["num_stages"], c.get("BN")]

@@ -255,7 +255,7 @@ def test_shipped_configs_load():
     assert big.model == {"preset": "a100-400m", "chunk_size": 64, "ssd_dispatch": "triton", "grad_checkpoint": True}
     assert (t.lr, t.warmup_steps, t.min_lr_ratio, t.micro_batch_size, t.gradient_accumulation_steps) == (3e-4, 2000, 0.05, 16, 2)
     assert (big.data.max_seq_len, t.max_steps, t.betas, t.weight_decay, t.max_grad_norm) == (2048, 256_000, (0.9, 0.95), 0.1, 1.0)
-    assert (t.log_every, t.save_every, t.compile, t.compile_mode, t.nan_guard_max_consecutive) == (50, 4000, True, "max-autotune", 5)
+    assert (t.log_every, t.save_every, t.compile, t.compile_mode, t.nan_guard_max_consecutive) == (50, 4000, True, "default", 5)
     Cfg.load_config(ROOT / "configs" / "tiny_cpu.yaml")
 
 
