@@ -31,16 +31,18 @@ class ModelConfig(MixerConfig):
     mixer's fields (`MixerConfig`, `02_block`; every layer's block is built from this config) and the LM's own."""
     vocab_size: int = 50257        # GPT-2 BPE, unpadded
     n_layers: int = 28
-    d_ff: int = 2272               # SwiGLU hidden width
+    d_ff: int = 2272               # SwiGLU hidden width; 0: layers without an MLP (the official `d_intermediate: 0`)
     grad_checkpoint: bool = False  # recompute each layer in backward
     init_std: float = 0.02         # embedding init
+    tie_embeddings: bool = True    # the LM head is the embedding matrix; False: a head of its own (the official option)
 
     def __post_init__(self):
         super().__post_init__()    # the mixer's fields, checked where they are defined
         for name in ("vocab_size", "n_layers", "d_ff"):
-            val = getattr(self, name)
-            require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name,
-                     f"expected a positive int, got {val!r}")
+            val, least = getattr(self, name), 0 if name == "d_ff" else 1
+            require(isinstance(val, int) and not isinstance(val, bool) and val >= least, name,
+                     f"expected an int >= {least}, got {val!r}")
+        require(isinstance(self.tie_embeddings, bool), "tie_embeddings", f"expected a bool, got {self.tie_embeddings!r}")
         require(isinstance(self.grad_checkpoint, bool), "grad_checkpoint", f"expected a bool, got {self.grad_checkpoint!r}")
         require(self.init_std > 0, "init_std", f"expected > 0, got {self.init_std!r}")
 
@@ -82,12 +84,15 @@ def parameter_breakdown(cfg: ModelConfig) -> dict:
         c["fixed angle rates"] = S
     c["mixer"] = sum(c.values())
     c["MLP"] = 3 * d * cfg.d_ff
-    c["two RMSNorms"] = 2 * d
-    c["block"] = c["mixer"] + c["MLP"] + c["two RMSNorms"]
+    norms = "two RMSNorms" if cfg.d_ff else "one RMSNorm"            # no MLP: no second norm either
+    c[norms] = (2 if cfg.d_ff else 1) * d
+    c["block"] = c["mixer"] + c["MLP"] + c[norms]
     c["all blocks"] = cfg.n_layers * c["block"]
-    c["embedding (tied head)"] = cfg.vocab_size * d
+    head = "embedding (tied head)" if cfg.tie_embeddings else "embedding"
+    c[head] = cfg.vocab_size * d
+    if not cfg.tie_embeddings: c["LM head"] = cfg.vocab_size * d
     c["final norm"] = d
-    c["total"] = c["all blocks"] + c["embedding (tied head)"] + c["final norm"]
+    c["total"] = c["all blocks"] + c[head] + c.get("LM head", 0) + c["final norm"]
     return c
 
 
@@ -148,18 +153,18 @@ class Mamba3Layer(nn.Module):
         super().__init__()
         self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mixer = Mamba3Block(cfg)               # a ModelConfig is the MixerConfig of each block
-        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
+        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.d_ff else None
+        self.mlp = SwiGLU(cfg.d_model, cfg.d_ff) if cfg.d_ff else None   # d_ff = 0: the mixer alone
         self.grad_checkpoint = cfg.grad_checkpoint
 
     def reset_parameters(self):
-        self.norm1.reset_parameters(); self.norm2.reset_parameters()
-        self.mixer.reset_parameters(); self.mlp.reset_parameters()
+        self.norm1.reset_parameters(); self.mixer.reset_parameters()
+        if self.mlp is not None: self.norm2.reset_parameters(); self.mlp.reset_parameters()
 
     def _forward_impl(self, x, initial_state=None, return_state=False, seq_idx=None):
         y, state = self.mixer(self.norm1(x), initial_state=initial_state, return_state=True, seq_idx=seq_idx)
         x = x + y.to(x.dtype)
-        x = x + self.mlp(self.norm2(x)).to(x.dtype)
+        if self.mlp is not None: x = x + self.mlp(self.norm2(x)).to(x.dtype)
         return (x, state) if return_state else x
 
     def forward(self, x, initial_state: Optional[SSDState] = None, return_state: bool = False, seq_idx=None):
@@ -170,10 +175,11 @@ class Mamba3Layer(nn.Module):
 
     def step(self, x, state: SSDState, reset=None):
         "One token: x (b,d) -> (x (b,d), new SSDState); reset (b,) bool: rows whose token starts a document."
-        fc1, fc2 = self.mlp.fc1.weight, self.mlp.fc2.weight
-        w1, w2 = step_constants(self, (fc1, fc2), lambda: (fc1.t(), fc2.t()))   # (the same products as the Linears)
         y, state = self.mixer.step(self.norm1.step(x), state, reset)
         x = x + (y if y.dtype == x.dtype else y.to(x.dtype))
+        if self.mlp is None: return x, state
+        fc1, fc2 = self.mlp.fc1.weight, self.mlp.fc2.weight
+        w1, w2 = step_constants(self, (fc1, fc2), lambda: (fc1.t(), fc2.t()))   # (the same products as the Linears)
         h = torch.mm(self.norm2.step(x), w1)                                   # [value | gate] (b, 2 d_ff)
         d_ff = w2.shape[0]
         value, gate = (h.as_strided((h.shape[0], d_ff), h.stride(), i * d_ff) for i in (0, 1))
@@ -214,19 +220,20 @@ class Mamba3Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Mamba3Layer(cfg) for _ in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = TiedLMHead(self.embed)
+        self.lm_head = TiedLMHead(self.embed) if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self):
         "The initialisation described above (the head stays tied: it has no weight of its own)."
         cfg = self.config
         nn.init.normal_(self.embed.weight, mean=0.0, std=cfg.init_std)
+        if not cfg.tie_embeddings: nn.init.normal_(self.lm_head.weight, mean=0.0, std=cfg.init_std)
         scale = 1 / math.sqrt(2 * cfg.n_layers)
         for layer in self.layers:
             layer.reset_parameters()
             with torch.no_grad():
                 layer.mixer.out_proj.weight.mul_(scale)
-                layer.mlp.fc2.weight.mul_(scale)
+                if layer.mlp is not None: layer.mlp.fc2.weight.mul_(scale)
         self.norm_f.reset_parameters()
 
     def num_parameters(self) -> int:
@@ -355,8 +362,8 @@ def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState]
     "token_ids (b,) -> logits (b,V); `cache` is advanced in place. reset (b,) bool: rows whose token starts a document."
     _check_ids("token_ids", token_ids, 1)
     require(len(cache) == len(self.layers), "cache", f"expected {len(self.layers)} layer states, got {len(cache)}")
-    w = self.embed.weight
-    head = step_constants(self, (w,), w.t)           # the tied head's product, as `lm_head`'s
+    w, hw = self.embed.weight, self.lm_head.weight
+    head = step_constants(self, (hw,), hw.t)         # the head's product, as `lm_head`'s (tied: the embedding)
     with torch.inference_mode():   # the layers' many small ops skip view and version tracking; the cache is written in
         x = w.index_select(0, token_ids)            # place (allowed on normal tensors) and the logits below are a normal tensor
         x = x if x.dtype == _residual_dtype(x) else x.to(_residual_dtype(x))

@@ -10,7 +10,9 @@ import functools
 import math
 import random
 import signal
+import os
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -22,22 +24,22 @@ import torch
 import torch.distributed as dist
 from fastcore.basics import patch
 
-from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, restore_rng_state
-from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, apply_num_threads,
+from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, capture_rng_state, restore_rng_state
+from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, apply_num_threads, apply_overrides, check_device, default_run_dir,
                                 build_model_config, check_resume_meta, compile_mode_for, config_changes,
                                 config_to_dict, dry_run_config, refused_changes)
 from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
                                      full_model_state, residual_blocks, setup_distributed, teardown_distributed)
 from .evaluate import autocast_for, evaluate, lm_loss
-from .logger import TrainingLogger, format_eval_line, peak_flops_for, plot_metrics
-from .optim import build_optimizer, build_scheduler
+from .logger import TrainingLogger, eval_coverage, format_duration, format_eval_line, peak_flops_for, plot_metrics
+from .optim import build_optimizer, build_scheduler, resumed_schedule, schedule_fn
 from .streams import make_streams
 from .model import Mamba3Transformer, parameter_breakdown
 
 # %% auto #0
 __all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'seed_everything', 'keep_freed_memory_in_heap',
-           'Pretrainer', 'TrainingStopped', 'run_training']
+           'Pretrainer', 'UpdateGuard', 'TrainingStopped', 'run_training']
 
 # %% ../nbs/11_train.ipynb #324a5078
 @dataclass
@@ -56,8 +58,8 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, *,
                scheduler=None, max_grad_norm: float = 1.0, autocast_dtype=None,
-               sync: Optional[Callable[[bool], Any]] = None) -> StepResult:
-    "One optimizer step over `micro_batches`, a list of `Batch`es of shape (b, T)."
+               sync: Optional[Callable[[bool], Any]] = None, update_guard=None) -> StepResult:
+    "One optimizer step over `micro_batches`, a list of `Batch`es of shape (b, T); the update runs inside `update_guard`."
     if not micro_batches:
         raise ValueError("train_step needs at least one micro-batch")
     model.train()
@@ -81,9 +83,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
     if bad > 0:
         optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss_v, grad_norm=float(norm), lr=lr, skipped=True)
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
+    with update_guard if update_guard is not None else contextlib.nullcontext():   # the weights change only in here
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss=loss_v, grad_norm=float(norm), lr=lr, skipped=False)
 
@@ -116,10 +119,13 @@ MAX_ROLLBACKS_PER_CHECKPOINT = 3  # the same data replays after a rollback: a de
 class Pretrainer:
     "One training run described by a `TrainingConfig`; `train()` runs it."
     def __init__(self, config: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
-                 reset_optimizer: bool = False):
-
+                 reset_optimizer: bool = False, rescale_schedule: bool = False):
+        if config.training.checkpoint_dir is None:             # a config that names no run directory (09_config)
+            config = apply_overrides(config, {"training.checkpoint_dir": default_run_dir(config)})
+        check_device(config, torch.cuda.is_available())        # a GPU config on a CPU: one line, before anything is built
         self.config, t = config, config.training
         self.resume_step, self.reset_optimizer, self._abandon_after = resume_step, reset_optimizer, None
+        self.rescale_schedule, self._lr_from = rescale_schedule, None
         self.env = env = setup_distributed(t.device)
         self._print = log or (lambda s: print(s, flush=True))
         if env.device.type == "cpu":
@@ -155,7 +161,7 @@ class Pretrainer:
             self.model = torch.compile(self.model, mode=mode)
         elif t.compile:
             self.log("[compile] skipped on CPU (set training.compile_on_cpu: true to force it)")
-        self.autocast_dtype = torch.bfloat16 if env.device.type == "cuda" and t.precision == "bf16" else None
+        self.autocast_dtype = torch.bfloat16 if env.device.type == "cuda" and t.precision != "fp32" else None
         self.ckpt = CheckpointManager(self.checkpoint_dir, keep_last=t.keep_last)
         self.train_stream, self.val_batches = make_streams(config, env, self.model_config.vocab_size, log=self.log)
         self.data_identity = dataset_identity(self.train_stream.dataset)
@@ -163,18 +169,65 @@ class Pretrainer:
         self.tokens_per_step = t.micro_batch_size * t.gradient_accumulation_steps * config.data.max_seq_len * env.world_size
         self.logger = None  # made by train(), once the start step is known
         self.step, self.tokens_seen, self.evals, self._rollbacks = 0, 0, [], {}
-        self.stop_request = StopRequest()   # SIGTERM / SIGINT, read between steps
+        alone = env.world_size == 1                             # (one process: a stop may abandon the step in flight)
+        self.stop_request = StopRequest(announce=self._announce_stop if env.is_main else None,   # SIGTERM / SIGINT
+                                        grace_s=t.stop_grace_s if alone else None, abandon=self._abandon if alone else None)
+        self._guard, self._done, self._last_saved = UpdateGuard(), None, -1
 
     def log(self, msg: str):
         "Print `msg` on rank 0."
         if self.env.is_main:
             self._print(msg)
 
+# %% ../nbs/11_train.ipynb #15f57e97
+class UpdateGuard:
+    "The lock around the optimizer's update (and every save); `pending`: an update the loop has not yet recorded."
+    def __init__(self): self.lock, self.pending = threading.RLock(), False
+    def __enter__(self): self.lock.acquire(); return self
+    def __exit__(self, *exc): self.pending = True; self.lock.release()
+
+@patch
+def _mark_done(self: Pretrainer):
+    "Record the step just finished: its data position and RNG state (what `_abandon` saves), under the guard."
+    with self._guard.lock:
+        if self.env.world_size == 1:
+            self._done = {"position": self.train_stream.state_dict(), "rng": capture_rng_state()}
+        self._guard.pending = False
+
+@patch
+def _announce_stop(self: Pretrainer) -> str:
+    "What the run does about a stop request, said the moment it lands (see `StopRequest`)."
+    g = self.stop_request.grace_s
+    return (f"stopping after step {self.step + 1} (in progress) and saving it"
+            + (f"; if it is still running in {g:g} s it is abandoned and step {self.step} is saved instead" if g else ""))
+
+@patch
+def _abandon(self: Pretrainer, signum: int):
+    "The watcher's call when the step in flight outlives `stop_grace_s`: save the last finished step, exit 128 + signum."
+    while True:                                   # an update already made is recorded first (`_mark_done`, a moment away)
+        self._guard.lock.acquire()
+        if not self._guard.pending: break
+        self._guard.lock.release(); time.sleep(0.01)
+    step, saved = self.step, self._last_saved != self.step
+    try:
+        if saved: self.save_checkpoint(tag="abandoned", done=self._done)
+        said = f"checkpoint step {step} {'saved' if saved else 'already on disk'} in {self.checkpoint_dir}; run the same command to resume"
+    except Exception as e: said = f"saving checkpoint step {step} failed ({type(e).__name__}: {e})"
+    os.write(2, f"{signal.Signals(signum).name}: step {step + 1} did not finish within {self.config.training.stop_grace_s:g} s "
+                f"of the request: abandoned; {said}\n".encode())
+    os._exit(128 + signum)
+
 # %% ../nbs/11_train.ipynb #35a55bc0
 @patch
-def save_checkpoint(self: Pretrainer, tag: str = ""):
-    "Write a checkpoint of the current step (rank 0 writes; every rank takes part under FSDP)."
-    positions = [self.train_stream.state_dict()]
+def save_checkpoint(self: Pretrainer, tag: str = "", done: dict = None):
+    """Write a checkpoint of the current step (rank 0 writes; every rank takes part under FSDP); `done`: the data position
+    and RNG state recorded when that step finished (`_mark_done`), for a save while the next step is in flight."""
+    with self._guard.lock: self._save(tag, done)
+    self._last_saved = self.step
+
+@patch
+def _save(self: Pretrainer, tag: str, done: dict):
+    positions = [self.train_stream.state_dict() if done is None else done["position"]]
     if self.env.world_size > 1:
         positions = [None] * self.env.world_size
         dist.all_gather_object(positions, self.train_stream.state_dict())
@@ -191,7 +244,9 @@ def save_checkpoint(self: Pretrainer, tag: str = ""):
         extra = {"scheduler": self.scheduler.state_dict(), "data_position": positions,
                  "tokens_seen": self.tokens_seen, "config": config_to_dict(self.config),
                  "tag": tag or f"step_{self.step}", "data_identity": self.data_identity,
-                 "evals": [e for e in self.evals if e["step"] <= self.step]}
+                 "evals": [e for e in self.evals if e["step"] <= self.step],
+                 **({"rng": done["rng"]} if done is not None else {}),
+                 **({"lr_continue_from": list(self._lr_from)} if self._lr_from is not None else {})}
         self.ckpt.save(self.raw_model, optim, self.step, extra_meta=extra, state_dict=state)
     if self.env.world_size > 1:
         dist.barrier()
@@ -209,8 +264,7 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     meta = self.ckpt.read_meta(step)
     target = FullModelView(self.raw_model) if self.sharded else self.raw_model
     if "data_position" not in meta and "optim" not in meta["files"]:   # weights only, e.g. `mamba3-lite import`
-        meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True,   # warns: no optimizer state
-                              optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded))
+        meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True)   # (no optimizer: said once, below)
         self.log(f"[resume] checkpoint step {step} holds weights only: optimizer, schedule and data order start fresh")
         self.step = meta["step"]
         return self.step
@@ -222,6 +276,7 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     optim = None if self.reset_optimizer else FullOptimState(self.raw_model, self.optimizer, self.sharded)
     meta = self.ckpt.load(target, step, device=str(self.env.device), optimizer=optim, strict=True)
     self.scheduler.load_state_dict(meta["scheduler"])
+    if initial: self._continue_schedule(meta)
     positions = meta["data_position"]
     if len(positions) != self.env.world_size:
         raise ValueError(f"checkpoint step {step} was written by {len(positions)} rank(s); this run has "
@@ -298,6 +353,18 @@ def _apply_changes(self: Pretrainer, changes: list):
     for g, fn in zip(self.optimizer.param_groups, s.lr_lambdas): g["lr"] = t.lr * fn(s.last_epoch)
     s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
+# %% ../nbs/11_train.ipynb #504701cf
+@patch
+def _continue_schedule(self: Pretrainer, meta: dict):
+    "On resume: keep the lr continuous across a changed schedule, or rebuild it (`rescale_schedule`), and say which (10b_optim)."
+    self._lr_from, line = resumed_schedule(meta["config"]["training"], meta.get("lr_continue_from"), self.config.training,
+                                           meta["step"], self.rescale_schedule)
+    s, fn = self.scheduler, schedule_fn(self.config.training, self._lr_from)
+    s.lr_lambdas = [fn] * len(self.optimizer.param_groups)
+    for g, base in zip(self.optimizer.param_groups, s.base_lrs): g["lr"] = base * fn(s.last_epoch)
+    s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+    if line: self.log(line)
+
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
 def validate(self: Pretrainer) -> dict:
@@ -342,12 +409,29 @@ def banner(self: Pretrainer) -> list:
         return [f"[train] already finished: step {self.step} of training.max_steps {t.max_steps} in {self.checkpoint_dir}; "
                 "nothing to train (raise training.max_steps, e.g. --max-steps, to train further)"]
     pb, left, name = parameter_breakdown(self.model_config), t.max_steps - self.step, torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
-    return [f"[train] {pb['total']:,} parameters ({pb['total'] - pb['embedding (tied head)']:,} non-embedding) | world size {w} | "
+    return [*self._banner_run(pb, dev, w, per, nt, name, left), *self._banner_options()]
+
+@patch
+def _banner_run(self: Pretrainer, pb, dev, w, per, nt, name, left) -> list:
+    t = self.config.training
+    mc = self.model_config
+    return [f"[train] {pb['total']:,} parameters ({pb['total'] - mc.vocab_size * mc.d_model * (2 - mc.tie_embeddings):,} non-embedding) | world size {w} | "
             f"device {dev}{f' ({name})' * bool(name)}, {'fp32' if self.autocast_dtype is None else 'bf16 autocast'}, {nt} CPU thread{'s' * (nt > 1)}",
             f"[train] {t.micro_batch_size} micro-batch x {t.gradient_accumulation_steps} accumulation x {w} rank{'s' * (w > 1)} "
             f"x {self.config.data.max_seq_len} tokens = {per:,} tokens per optimizer step",
             f"[train] steps {self.step} -> {t.max_steps}: {left:,} step{'s' * (left != 1)}, {left * per:,} tokens"
             + (f" to go (of {t.max_steps:,} steps, {t.max_steps * per:,} tokens in all)" if self.step else "")]
+
+@patch
+def _banner_options(self: Pretrainer) -> list:
+    "The options in effect that change what a step computes, and the learning-rate schedule."
+    t, d, mc = self.config.training, self.config.data, self.model_config
+    compile_ = f"compile {compile_mode_for(t, self.env.device.type)}" if self.compiled else "compile off"
+    at = lambda s: f"{t.lr * schedule_fn(t, self._lr_from)(s):.2e}"
+    cont = f", continued from {at(self._lr_from[0])} at step {self._lr_from[0]}" if self._lr_from else ""
+    return [f"[train] ssd {mc.ssd_dispatch} | reset_at_eos {'on' if d.reset_at_eos else 'off'} | {compile_} | "
+            f"grad_checkpoint {'on' if mc.grad_checkpoint else 'off'} | tokenizer {d.tokenizer}",
+            f"[train] lr {t.lr_schedule}: warmup {t.warmup_steps} steps to {t.lr:.2e}{cont}, down to {at(t.max_steps)} at step {t.max_steps}"]
 
 # %% ../nbs/11_train.ipynb #8c55b97c
 @patch
@@ -389,13 +473,15 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
     if not resumed and t.eval_at_start:
         self.validate()
     first_step, streak = self.step, 0
-    last_eval, last_save = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
+    last_eval, self._last_saved = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
+    self._mark_done()
     while self.step < t.max_steps:
         if self.stop_request.poll(self.env):
-            self._stop(last_save)
+            self.stop_request.honored.set(); self._stop()
+        started = time.perf_counter()
         batches = [self.train_stream.next_batch() for _ in range(t.gradient_accumulation_steps)]
-        r = train_step(self.model, self.optimizer, batches, scheduler=self.scheduler,
-                       max_grad_norm=t.max_grad_norm, autocast_dtype=self.autocast_dtype, sync=self._sync)
+        r = train_step(self.model, self.optimizer, batches, scheduler=self.scheduler, max_grad_norm=t.max_grad_norm,
+                       autocast_dtype=self.autocast_dtype, sync=self._sync, update_guard=self._guard)
         if self.logger is not None:
             self.logger.log(self.step + (not r.skipped), r.loss, r.lr, tokens=self.tokens_per_step,
                             grad_norm=r.grad_norm if math.isfinite(r.grad_norm) else None, skipped=r.skipped)
@@ -410,22 +496,33 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
             continue
         streak = 0
         if self.env.world_size == 1 and self._data_check.done(): self._data_check.result()
-        self.step += 1
-        self.tokens_seen += self.tokens_per_step
+        with self._guard.lock:
+            self.step += 1
+            self.tokens_seen += self.tokens_per_step
+            self._mark_done()
+        if self.step == first_step + 1: self._first_step(time.perf_counter() - started)
         if self.step % t.eval_every == 0:
             self.validate(); last_eval = self.step
         if self.step % t.save_every == 0:
-            self.save_checkpoint(); last_save = self.step
+            self.save_checkpoint()
     self._data_check.result()
     if last_eval != self.step:
         self.validate()
-    if last_save != self.step:
+    if self._last_saved != self.step:
         self.save_checkpoint(tag="final")
     return {"checkpoint_dir": str(self.checkpoint_dir), "first_step": first_step, "final_step": self.step,   # trained by this call:
             "steps_trained": self.step - first_step, "tokens_trained": (self.step - first_step) * self.tokens_per_step,
             "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
-            "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
+            "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0,
+            "eval_coverage": eval_coverage(self.evals[-1]["tokens"], self.evals[-1]["split_tokens"]) if self.evals else None}
+
+@patch
+def _first_step(self: Pretrainer, seconds: float):
+    "Say how long the first step of this call took, as soon as it is known (the logger's first line may be many steps away)."
+    left = self.config.training.max_steps - self.step
+    self.log(f"[train] step {self.step} took {seconds:.2f} s" + (f"; {left:,} to go: about {format_duration(seconds * left)} "
+             "at this pace" if left else ""))
 
 class TrainingStopped(KeyboardInterrupt):
     "SIGTERM or SIGINT stopped training after a step; a checkpoint of that step is on disk (`saved`: written now)."
@@ -435,20 +532,21 @@ class TrainingStopped(KeyboardInterrupt):
                          f"{'saved' if saved else 'already on disk'} in {checkpoint_dir}")
 
 @patch
-def _stop(self: Pretrainer, last_save: int):
+def _stop(self: Pretrainer):
     "Checkpoint the current step (unless it is on disk already) on every rank, then raise `TrainingStopped`."
-    if last_save != self.step: self.save_checkpoint(tag="stopped")
-    raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.checkpoint_dir, saved=last_save != self.step)
+    saved = self._last_saved != self.step
+    if saved: self.save_checkpoint(tag="stopped")
+    raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.checkpoint_dir, saved=saved)
 
 
 # %% ../nbs/11_train.ipynb #71e16f11
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
-                 reset_optimizer: bool = False) -> dict:
+                 reset_optimizer: bool = False, rescale_schedule: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
     Returns checkpoint_dir, first/final step, steps/tokens trained by this call, first/final val loss, evals, tokens seen, wall time, loss_png."""
     if cfg.training.dry_run:
         cfg = dry_run_config(cfg)
-    trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer)
+    trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer, rescale_schedule=rescale_schedule)
     try:
         return trainer.train()
     finally:
