@@ -16,6 +16,7 @@ extras = {
     "dev": cfg["dev_requirements"].split(),
     "data": cfg["data_requirements"].split(),
     "eval": cfg["eval_requirements"].split(),
+    "tokenizers": cfg["tokenizers_requirements"].split(),
 }
 readme = Path(__file__).parent / "README.md"
 

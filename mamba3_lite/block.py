@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Union
 
+# %% ../nbs/02_block.ipynb #9d0b2066
 from fastcore.basics import patch
 import torch
 import torch.nn as nn
@@ -31,7 +32,7 @@ def fp32(t: torch.Tensor) -> torch.Tensor:
     "Upcast half-precision tensors to fp32; fp32 and fp64 pass through (so fp64 checks stay fp64)."
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
-
+# %% ../nbs/02_block.ipynb #3c8d493a
 class RMSNorm(nn.Module):
     "RMS normalisation over the last dim with a learnable scale of shape `dim` (init 1), computed in fp32."
     def __init__(self, dim, eps: float = 1e-5):
@@ -52,7 +53,7 @@ def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     "The x with softplus(x) = y (y > 0), in the overflow-free form y + log(1 - exp(-y))."
     return y + torch.log(-torch.expm1(-y))
 
-
+# %% ../nbs/02_block.ipynb #0648c220
 def init_dt_bias(dt_bias: torch.Tensor, dt_min: float = 1e-3, dt_max: float = 1e-1, dt_init_floor: float = 1e-4):
     "Fill `dt_bias` (H,) in place so that softplus(dt_bias) is log-uniform in [dt_min, dt_max], floored."
     with torch.no_grad():
@@ -118,32 +119,37 @@ class MixerConfig:
     bc_bias: bool = True           # ablation: the per-head B/C bias
     bc_norm: bool = True           # ablation: the RMSNorm of B and C
 
-    def __post_init__(self):
-        for name in ("d_model", "d_state", "expand", "headdim", "ngroups", "mimo_rank", "chunk_size"):
-            val = getattr(self, name)
-            require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name, f"expected a positive int, got {val!r}")
-        for name in ("is_mimo", "outproj_norm", "bc_bias", "bc_norm"):
-            require(isinstance(getattr(self, name), bool), name, f"expected a bool, got {getattr(self, name)!r}")
-        require(self.d_inner % self.headdim == 0, "headdim",
-                f"d_inner = expand*d_model = {self.d_inner} is not divisible by headdim = {self.headdim}")
-        require(self.n_heads % self.ngroups == 0, "ngroups", f"n_heads = {self.n_heads} is not divisible by ngroups = {self.ngroups}")
-        require(isinstance(self.rope_fraction, (int, float)) and 0.0 <= self.rope_fraction <= 1.0, "rope_fraction",
-                f"expected a number in [0, 1], got {self.rope_fraction!r}")
-        require(self.ssd_dispatch in SSD_DISPATCHES, "ssd_dispatch", f"expected one of {SSD_DISPATCHES}, got {self.ssd_dispatch!r}")
-        require(self.decode_dispatch in DECODE_DISPATCHES, "decode_dispatch",
-                f"expected one of {DECODE_DISPATCHES}, got {self.decode_dispatch!r}")
-        require(self.state_dtype in STATE_DTYPES, "state_dtype", f"expected one of {tuple(STATE_DTYPES)}, got {self.state_dtype!r}")
-        require(0 < self.dt_min <= self.dt_max, "dt_min", f"expected 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
-        for name in ("dt_init_floor", "a_floor", "norm_eps"):
-            require(getattr(self, name) > 0, name, f"expected > 0, got {getattr(self, name)!r}")
-        require(self.rotation in ROTATIONS, "rotation", f"expected one of {ROTATIONS}, got {self.rotation!r}")
-        require(self.discretization in DISCRETIZATIONS, "discretization",
-                f"expected one of {tuple(DISCRETIZATIONS)}, got {self.discretization!r}")
+    def __post_init__(self): self.check()
 
     d_inner = property(lambda self: self.expand * self.d_model)
     n_heads = property(lambda self: self.d_inner // self.headdim)
     rank = property(lambda self: self.mimo_rank if self.is_mimo else 1)      # R: 1 for SISO
     n_angles = property(lambda self: 0 if self.rotation == "none" else num_angles(self.d_state, self.rope_fraction))
+
+# %% ../nbs/02_block.ipynb #6a5d5cbd
+@patch
+def check(self: MixerConfig):
+    "ValueError naming the field for any hyper-parameter out of range (run when the config is made)."
+    for name in ("d_model", "d_state", "expand", "headdim", "ngroups", "mimo_rank", "chunk_size"):
+        val = getattr(self, name)
+        require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name, f"expected a positive int, got {val!r}")
+    for name in ("is_mimo", "outproj_norm", "bc_bias", "bc_norm"):
+        require(isinstance(getattr(self, name), bool), name, f"expected a bool, got {getattr(self, name)!r}")
+    require(self.d_inner % self.headdim == 0, "headdim",
+            f"d_inner = expand*d_model = {self.d_inner} is not divisible by headdim = {self.headdim}")
+    require(self.n_heads % self.ngroups == 0, "ngroups", f"n_heads = {self.n_heads} is not divisible by ngroups = {self.ngroups}")
+    require(isinstance(self.rope_fraction, (int, float)) and 0.0 <= self.rope_fraction <= 1.0, "rope_fraction",
+            f"expected a number in [0, 1], got {self.rope_fraction!r}")
+    require(self.ssd_dispatch in SSD_DISPATCHES, "ssd_dispatch", f"expected one of {SSD_DISPATCHES}, got {self.ssd_dispatch!r}")
+    require(self.decode_dispatch in DECODE_DISPATCHES, "decode_dispatch",
+            f"expected one of {DECODE_DISPATCHES}, got {self.decode_dispatch!r}")
+    require(self.state_dtype in STATE_DTYPES, "state_dtype", f"expected one of {tuple(STATE_DTYPES)}, got {self.state_dtype!r}")
+    require(0 < self.dt_min <= self.dt_max, "dt_min", f"expected 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+    for name in ("dt_init_floor", "a_floor", "norm_eps"):
+        require(getattr(self, name) > 0, name, f"expected > 0, got {getattr(self, name)!r}")
+    require(self.rotation in ROTATIONS, "rotation", f"expected one of {ROTATIONS}, got {self.rotation!r}")
+    require(self.discretization in DISCRETIZATIONS, "discretization",
+            f"expected one of {tuple(DISCRETIZATIONS)}, got {self.discretization!r}")
 
 # %% ../nbs/02_block.ipynb #9e890cd8
 class SSDInputs(NamedTuple):
@@ -157,7 +163,6 @@ class SSDInputs(NamedTuple):
     lam: torch.Tensor     # (b,T,H) fp32 trapezoid weight λ in (0,1)
     theta: Optional[torch.Tensor]  # (b,T,S) fp32 angle logits shared by the heads, None when S = 0
     z: torch.Tensor       # (b,T,H,P) gate
-
 
 # %% ../nbs/02_block.ipynb #fa88ec98
 class Mamba3Block(nn.Module):
@@ -195,8 +200,6 @@ class Mamba3Block(nn.Module):
     def d_in_proj(self) -> int:
         return sum(self.split_sizes)
 
-
-
 # %% ../nbs/02_block.ipynb #b042c9c3
 @patch
 def reset_parameters(self: Mamba3Block):
@@ -215,7 +218,6 @@ def reset_parameters(self: Mamba3Block):
         nn.init.ones_(self.mimo_z)
         nn.init.constant_(self.mimo_o, 1 / self.rank)
 
-
 # %% ../nbs/02_block.ipynb #01142911
 def _per_head(bc: torch.Tensor, bias: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(b,T,R,G,N) normalised group rows -> broadcast group to heads -> + bias (H,R,N) or None -> (b,T,H,R,N).
@@ -226,14 +228,14 @@ def _per_head(bc: torch.Tensor, bias: torch.Tensor, n_heads: int) -> torch.Tenso
     bc = bc[:, :, :, :, None].expand(b, T, R, G, n_heads // G, N).reshape(b, T, R, n_heads, N).transpose(2, 3)
     return bc if bias is None else bc + fp32(bias).expand(b, 1, *bias.shape)
 
-
+# %% ../nbs/02_block.ipynb #18e583a5
 @patch
 def ssd_inputs(self: Mamba3Block, u: torch.Tensor, shared_bc: bool = False) -> SSDInputs:
     """u (b,T,d) -> SSDInputs: steps 1-3 of the data flow. `shared_bc=True` (SISO only) stops B, C after the
     norm, as the group rows (b,T,G,N): the caller adds the per-head bias (the Triton kernel does, on chip)."""
     return self.split_proj(self.in_proj(u), shared_bc)
 
-
+# %% ../nbs/02_block.ipynb #a4f68bf3
 @patch
 def split_proj(self: Mamba3Block, proj: torch.Tensor, shared_bc: bool = False) -> SSDInputs:
     "`ssd_inputs` from in_proj's output proj (b,T,d_in_proj): steps 2-3 alone."
@@ -274,22 +276,20 @@ def _gated(self: Mamba3Block, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = (y * self.mimo_o).sum(3)                                             # (b,T,H,P)
     return y.reshape(b, T, self.d_inner)
 
-
+# %% ../nbs/02_block.ipynb #c6f32399
 @patch
 def _output(self: Mamba3Block, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     "`_gated`, then out_proj -> (b,T,d)."
     return self.out_proj(self._gated(y, z).to(self.out_proj.weight.dtype))
 
-
 # %% ../nbs/02_block.ipynb #0e0e017a
 _ENV_WARNED = False
-
 
 def triton_opted_in(env=None) -> bool:
     "The one opt-in rule for the Triton SSD kernel: ENABLE_TRITON_KERNELS=1 in `env` (default: the process environment)."
     return (os.environ if env is None else env).get("ENABLE_TRITON_KERNELS") == "1"
 
-
+# %% ../nbs/02_block.ipynb #5701d828
 def _triton_opted_in() -> bool:
     "`triton_opted_in()`, warning once per process when it is False."
     global _ENV_WARNED
@@ -301,7 +301,7 @@ def _triton_opted_in() -> bool:
         _ENV_WARNED = True
     return False
 
-
+# %% ../nbs/02_block.ipynb #a05b4d6b
 def _triton_ssd_or_reason(x: torch.Tensor, headdim: int, d_state: int, chunk_size: int):
     "Return (ssd_triton, None) when the kernel accepts this call, else (None, why not)."
     try:
@@ -316,7 +316,7 @@ def _triton_ssd_or_reason(x: torch.Tensor, headdim: int, d_state: int, chunk_siz
         return None, str(e)
     return ssd_triton, None
 
-
+# %% ../nbs/02_block.ipynb #667b4a93
 @patch
 def _ssd_fn(self: Mamba3Block, u: torch.Tensor):
     "The SSD function this block uses for the input u, following ssd_dispatch and the two-part opt-in."
@@ -350,7 +350,7 @@ def _forward_impl(self: Mamba3Block, u, initial_state=None, return_state=False, 
     out = self._output(y, inp.z)
     return (out, state) if return_state else out
 
-
+# %% ../nbs/02_block.ipynb #275cad53
 @patch
 def forward(self: Mamba3Block, u: torch.Tensor, initial_state: Optional[SSDState] = None,
                     return_state: bool = False, seq_idx: Optional[torch.Tensor] = None):
@@ -401,7 +401,7 @@ def angle_increment64(dt: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     d = (dt * torch.tanh(theta)).double()
     return d * const(math.pi, d)
 
-
+# %% ../nbs/02_block.ipynb #1044873b
 def ssd_step(x, dt, A, B, C, lam, theta, D, state: SSDState, reset=None):
     """One token of the SSD recurrence. x (b,H,P) [MIMO (b,H,R,P)]; dt, A, lam (b,H); B, C (b,H,N) [MIMO (b,H,R,N)];
     theta (b,S) or None; D (H,); state: SSDState; reset (b,) bool or None: rows that start a document here restart from zero.
@@ -441,26 +441,26 @@ def step_constants(owner: nn.Module, params, make):
             hit = owner.__dict__["_step_constants"] = (key, make(), [p.detach() for p in params])   # (keeps the storages)
     return hit[1]
 
-
+# %% ../nbs/02_block.ipynb #e2a4ce03
 def clear_step_constants(module: nn.Module):
     "Drop the step constants kept on `module` and its submodules (and the old weights they may keep alive)."
     for m in module.modules():
         m.__dict__.pop("_step_constants", None)
 
-
+# %% ../nbs/02_block.ipynb #65587526
 def rms_norm_step(v: torch.Tensor, weight: Optional[torch.Tensor], eps: float, dim: int = -1) -> torch.Tensor:
     "`RMSNorm`'s arithmetic over `dim` of an fp32/fp64 v, times weight (None: 1), in v's dtype: 6 ops."
     r = torch.rsqrt(torch.add(const(eps, v), (v * v).sum(dim, keepdim=True), alpha=1 / v.shape[dim]))
     return v * r if weight is None else v * r * weight
 
-
+# %% ../nbs/02_block.ipynb #8ab8c342
 def decay_rate_step(a_logit: torch.Tensor, a_floor: float) -> torch.Tensor:
     "`decay_rate` in fewer ops, the same numbers: f(u) = 1+|u| for u >= 0, 1/(1+|u|) for u < 0."
     t = const(1.0, a_logit) + a_logit.abs()
     f = torch.where(a_logit >= const(0.0, a_logit), t, t.reciprocal())
     return -torch.maximum(f, const(a_floor, a_logit))
 
-
+# %% ../nbs/02_block.ipynb #66b16ea8
 @patch
 def step(self: RMSNorm, v: torch.Tensor) -> torch.Tensor:
     "`forward` for the decode step: the same result in fewer ops."
@@ -482,7 +482,7 @@ class _StepConstants(NamedTuple):
     out_w: Optional[torch.Tensor]   # (H,P,1) out-norm weight, or None
     mimo: Optional[tuple]           # MIMO W_x, W_z, W_o as (H,P,R), or None
 
-
+# %% ../nbs/02_block.ipynb #1b27c39d
 @patch
 def _make_step_constants(self: Mamba3Block) -> _StepConstants:
     H, R, G, N, P = self.n_heads, self.rank, self.ngroups, self.d_state, self.headdim
@@ -504,19 +504,19 @@ def allocate_state(self: Mamba3Block, batch_size: int, device=None) -> SSDState:
     return zero_ssd_state(batch_size, self.n_heads, self.headdim, self.d_state, self.n_angles,
                           self.rank if self.is_mimo else None, device, self.cache_dtype)
 
-
+# %% ../nbs/02_block.ipynb #c7776378
 @patch(as_prop=True)
 def fixed_lam(self: Mamba3Block) -> Optional[float]:
     "λ of the `discretization` switch (½, 1), or None where it is learned."
     return DISCRETIZATIONS[self.discretization]
 
-
+# %% ../nbs/02_block.ipynb #4a4bc632
 @patch(as_prop=True)
 def cache_dtype(self: Mamba3Block) -> torch.dtype:
     "The dtype of the decode cache's h, k, v: `state_dtype`'s, or fp64 when the block's parameters are (checks stay fp64)."
     return torch.float64 if self.D.dtype == torch.float64 else STATE_DTYPES[self.state_dtype]
 
-
+# %% ../nbs/02_block.ipynb #05f0830a
 @patch
 def _fused_step(self: Mamba3Block, u: torch.Tensor):
     """`decode_step` of `mamba3_lite.decode` (the fused Triton step) when this block's `step` runs it for input u, else
@@ -534,7 +534,6 @@ def _fused_step(self: Mamba3Block, u: torch.Tensor):
                       "PyTorch (slower on a GPU, same result).", RuntimeWarning, stacklevel=3)
         self._decode_warned = True
     return None
-
 
 # %% ../nbs/02_block.ipynb #c2d0b002
 @patch
@@ -586,7 +585,7 @@ def init_rope_rates(angle_logit: torch.Tensor, base: float = 10000.0) -> torch.T
         angle_logit.copy_(torch.atanh(omega / math.pi))
     return angle_logit
 
-
+# %% ../nbs/02_block.ipynb #526cf5ce
 def fixed_angles(angle_logit: torch.Tensor, angle0: torch.Tensor, T: int, starts=None) -> torch.Tensor:
     """Position angles of `rotation="fixed"`: Φ_t = Φ_{-1} + (t+1)ω, or (t-s+1)ω after a document start at s.
     angle_logit (S,); angle0 (b,H,S) = Φ_{-1}; starts (b,T) bool or None -> Φ (b,T,H,S) fp64, wrapped to [0, 2π)."""
@@ -597,7 +596,7 @@ def fixed_angles(angle_logit: torch.Tensor, angle0: torch.Tensor, T: int, starts
     phi0 = angle0.double()[:, None].masked_fill((last >= 0)[:, :, None, None], 0.0)
     return wrap_angle(phi0 + n[:, :, None, None] * omega)
 
-
+# %% ../nbs/02_block.ipynb #ca0a6aa0
 @patch
 def _fixed_rotation(self: Mamba3Block, inp: SSDInputs, state: Optional[SSDState], starts=None):
     """`rotation="fixed"`: B, C rotated by the position angles; the SSD gets a state without angles.

@@ -21,16 +21,19 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+# %% ../nbs/07_checkpoint.ipynb #f3fd35d0
 import blake3
 from fastcore.basics import patch
 import numpy as np
 import safetensors.torch
 import torch
 
+# %% ../nbs/07_checkpoint.ipynb #769e720a
 import mamba3_lite
 from .files import (DiskFullError, RunLock, TMP_SUFFIX, atomic_write, file_digest, fresh_temp, fsync_dir,
                               fsync_file, out_of_room, umask_mode)
 
+# %% ../nbs/07_checkpoint.ipynb #3840c07f
 class CheckpointWarning(UserWarning):
     "Every warning this module emits: torn/corrupt steps skipped, lenient loads, missing optimizer state."
 
@@ -68,6 +71,7 @@ def capture_rng_state() -> dict:
     if torch.cuda.is_available(): state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
+# %% ../nbs/07_checkpoint.ipynb #8f5bad7f
 def restore_rng_state(state: dict):
     "Restore generators from `capture_rng_state()` output; CUDA states only where CUDA is present (warns otherwise)."
     missing = {"python", "numpy", "torch"} - set(state)
@@ -92,11 +96,13 @@ def strip_compile_prefix(key: str) -> str:
     "`'_orig_mod.blocks.0._orig_mod.w'` → `'blocks.0.w'`: the key the uncompiled module uses."
     return _COMPILE_PREFIX.sub(r"\1", key)
 
+# %% ../nbs/07_checkpoint.ipynb #d10b19fe
 def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
     "The module under a `torch.compile` wrapper (the model itself if it is not compiled)."
     while hasattr(model, "_orig_mod"): model = model._orig_mod
     return model
 
+# %% ../nbs/07_checkpoint.ipynb #8a344d1b
 def independent_tensors(state: dict) -> dict:
     "`state` with `_orig_mod.` stripped, detached contiguous tensors, and every later alias of a storage cloned."
     out, seen = {}, set()
@@ -116,6 +122,7 @@ DIGESTS = ("blake3", "sha256")             # file digests a commit record may ho
 _RESERVED = ("files", "format", "version", "meta_sha256")
 _STEP_FILE = re.compile(r"^(model|optim|meta)_step_(\d+)\.(safetensors|pt|json)$")
 
+# %% ../nbs/07_checkpoint.ipynb #dc4b888a
 def checkpoint_digest(path, algo: str = DIGESTS[0]) -> dict:
     """`{name, size, <algo>}` of the file at `path`. BLAKE3 hashes the memory-mapped file on every core (its tree
     splits into independent chunks), several times faster than SHA-256, which stays readable for older checkpoints."""
@@ -126,15 +133,18 @@ def checkpoint_digest(path, algo: str = DIGESTS[0]) -> dict:
     if size: h.update_mmap(path)
     return {"name": path.name, "size": size, "blake3": h.hexdigest()}
 
+# %% ../nbs/07_checkpoint.ipynb #25f84bf4
 def record_digest(rec: dict) -> str:
     "The digest algorithm a file record of a meta uses (`'blake3'` or `'sha256'`)."
     return next(a for a in DIGESTS if a in rec)
 
+# %% ../nbs/07_checkpoint.ipynb #b840b92f
 def meta_digest(meta: dict) -> str:
     "SHA-256 of a meta's canonical JSON (sorted keys, no spaces) without its own `meta_sha256` field."
     body = {k: v for k, v in meta.items() if k != "meta_sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
 
+# %% ../nbs/07_checkpoint.ipynb #72b699c3
 class CheckpointCorruptError(RuntimeError):
     "A checkpoint file does not match the size/digest its commit record (meta) holds, does not load, or the meta is unreadable or edited."
 
@@ -166,29 +176,33 @@ class CheckpointManager:
         if not self.checkpoint_dir.is_dir(): return []
         return sorted({int(m.group(2)) for p in self.checkpoint_dir.iterdir() if (m := _STEP_FILE.match(p.name))})
 
-    def _digest(self, path, algo: str) -> dict:
-        s = path.stat()
-        key = (str(path), s.st_ino, s.st_size, s.st_mtime_ns, algo)
-        if key not in self._digests: self._digests[key] = checkpoint_digest(path, algo)
-        return self._digests[key]
+# %% ../nbs/07_checkpoint.ipynb #7d18f766
+@patch
+def _digest(self: CheckpointManager, path, algo: str) -> dict:
+    s = path.stat()
+    key = (str(path), s.st_ino, s.st_size, s.st_mtime_ns, algo)
+    if key not in self._digests: self._digests[key] = checkpoint_digest(path, algo)
+    return self._digests[key]
 
-    def read_meta(self, step: int) -> dict:
-        "The commit record of `step`; `FileNotFoundError` if absent, `CheckpointCorruptError` if it is not a valid record."
-        path = self.paths(step)["meta"]
-        try: meta = json.loads(path.read_bytes())
-        except FileNotFoundError: raise
-        except IsADirectoryError: raise CheckpointCorruptError(f"{path}: a directory, not a meta file") from None
-        except (ValueError, UnicodeDecodeError) as e: raise CheckpointCorruptError(f"{path}: meta is not valid JSON ({e})") from None
-        files = meta.get("files") if isinstance(meta, dict) else None
-        names = {k: p.name for k, p in self.paths(step).items() if k != "meta"}
-        if not isinstance(files, dict) or meta.get("step") != step or "model" not in files or not all(
-                k in names and isinstance(r, dict) and r.get("name") == names[k] and "size" in r
-                and any(a in r for a in DIGESTS) for k, r in files.items()):
-            raise CheckpointCorruptError(f"{path}: not a commit record for step {step} (needs 'step' and 'files' "
-                                         f"with name/size/blake3 for {sorted(names.values())})")
-        if meta.get("format") != "mamba3-lite-checkpoint/1" and meta.get("meta_sha256") != meta_digest(meta):
-            raise CheckpointCorruptError(f"{path}: content does not match its meta_sha256 digest (edited or corrupt)")
-        return meta
+# %% ../nbs/07_checkpoint.ipynb #2bea0b93
+@patch
+def read_meta(self: CheckpointManager, step: int) -> dict:
+    "The commit record of `step`; `FileNotFoundError` if absent, `CheckpointCorruptError` if it is not a valid record."
+    path = self.paths(step)["meta"]
+    try: meta = json.loads(path.read_bytes())
+    except FileNotFoundError: raise
+    except IsADirectoryError: raise CheckpointCorruptError(f"{path}: a directory, not a meta file") from None
+    except (ValueError, UnicodeDecodeError) as e: raise CheckpointCorruptError(f"{path}: meta is not valid JSON ({e})") from None
+    files = meta.get("files") if isinstance(meta, dict) else None
+    names = {k: p.name for k, p in self.paths(step).items() if k != "meta"}
+    if not isinstance(files, dict) or meta.get("step") != step or "model" not in files or not all(
+            k in names and isinstance(r, dict) and r.get("name") == names[k] and "size" in r
+            and any(a in r for a in DIGESTS) for k, r in files.items()):
+        raise CheckpointCorruptError(f"{path}: not a commit record for step {step} (needs 'step' and 'files' "
+                                     f"with name/size/blake3 for {sorted(names.values())})")
+    if meta.get("format") != "mamba3-lite-checkpoint/1" and meta.get("meta_sha256") != meta_digest(meta):
+        raise CheckpointCorruptError(f"{path}: content does not match its meta_sha256 digest (edited or corrupt)")
+    return meta
 
 # %% ../nbs/07_checkpoint.ipynb #ef09a7a9
 @patch
@@ -213,6 +227,7 @@ def _seal_async(pool, tmp):
     umask_mode(tmp)
     return pool.submit(fsync_file, tmp), pool.submit(checkpoint_digest, tmp)
 
+# %% ../nbs/07_checkpoint.ipynb #b686dba0
 def _torch_save(obj, path):
     "`torch.save`, skipping the zip CRC-32 where torch allows it: the digest in the meta already covers the bytes."
     try:
@@ -221,6 +236,7 @@ def _torch_save(obj, path):
     except (ImportError, AttributeError): ctx = contextlib.nullcontext()
     with ctx: torch.save(obj, path)
 
+# %% ../nbs/07_checkpoint.ipynb #6a1f5b95
 def _remove_stale_temps(checkpoint_dir: Path):
     "Delete temp files left by a crashed save (called under the run's lock: no other writer has one in flight)."
     for p in checkpoint_dir.glob(f".*_step_*{TMP_SUFFIX}"): p.unlink(missing_ok=True)
@@ -231,10 +247,9 @@ def committed_before(self: CheckpointManager, step: int):
     "The newest step below `step` that has a meta on disk (not re-verified), or None."
     return max((s for s in self.list_steps() if s < step and self.paths(s)["meta"].exists()), default=None)
 
-@patch
-def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, state_dict=None) -> dict:
-    """Save `model` (its uncompiled weights), `optimizer` (may be None) and meta for `step`, atomically.
-    `state_dict` overrides `model.state_dict()`. Returns the meta written."""
+# %% ../nbs/07_checkpoint.ipynb #5d7723da
+def _checked_extra(step, extra_meta) -> dict:
+    "`extra_meta` as the meta's own keys: a ValueError for a bad step, a reserved key or anything not plain JSON."
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     extra = dict(extra_meta or {})
@@ -243,7 +258,23 @@ def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, 
     extra.pop("step", None)
     bad = [k for k in _RESERVED if k in extra]
     if bad: raise ValueError(f"extra_meta: keys {bad} are reserved for the checkpoint's own bookkeeping")
-    check_json(extra)                                   # refuse before touching the disk
+    check_json(extra)
+    return extra
+
+@patch
+def _disk_full(self: CheckpointManager, e: Exception, writing, step: int):
+    "A `DiskFullError` naming the intact steps when `e` (raised writing `writing`) means the disk is full, else None."
+    if (why := out_of_room(e, writing)) is None: return None
+    intact = self.committed_before(step)
+    return DiskFullError(f"{why}; " + (f"checkpoints up to step {intact} are intact" if intact
+                         is not None else f"no checkpoint before step {step} is on disk"))
+
+# %% ../nbs/07_checkpoint.ipynb #7e220759
+@patch
+def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, state_dict=None) -> dict:
+    """Save `model` (its uncompiled weights), `optimizer` (may be None) and meta for `step`, atomically.
+    `state_dict` overrides `model.state_dict()`. Returns the meta written."""
+    extra = _checked_extra(step, extra_meta)            # refuse before touching the disk
     state = independent_tensors(state_dict if state_dict is not None else unwrap_compiled(model).state_dict())
     meta = {"step": step, "format": FORMAT, "version": mamba3_lite.__version__,
             "rng": extra.pop("rng", None) or capture_rng_state(), **extra}
@@ -274,10 +305,7 @@ def save(self: CheckpointManager, model, optimizer, step: int, extra_meta=None, 
             atomic_write(paths["meta"], lambda p: p.write_bytes(body))  # (5)-(6) commit
         except BaseException as e:
             for tmp in tmps.values(): tmp.unlink(missing_ok=True)
-            if isinstance(e, Exception) and (why := out_of_room(e, writing)) is not None:
-                intact = self.committed_before(step)
-                raise DiskFullError(f"{why}; " + (f"checkpoints up to step {intact} are intact" if intact
-                                    is not None else f"no checkpoint before step {step} is on disk")) from e
+            if isinstance(e, Exception) and (full := self._disk_full(e, writing, step)) is not None: raise full from e
             raise
         if self.keep_last is not None: self.prune(step)
     return meta
@@ -296,6 +324,7 @@ def prune(self: CheckpointManager, newest: int):
     if doomed: fsync_dir(self.checkpoint_dir)
     return doomed
 
+# %% ../nbs/07_checkpoint.ipynb #0877359c
 @patch
 def abandon_after(self: CheckpointManager, step: int):
     """Move every file of the steps after `step` into `abandoned/after_<step>_<time>/` (each meta first, so a step is
@@ -343,12 +372,14 @@ def _fingerprint(path: Path):
     s = path.stat()
     return (s.st_ino, s.st_size, s.st_mtime_ns)
 
+# %% ../nbs/07_checkpoint.ipynb #b7b6c89c
 def _check_size(path: Path, rec: dict):
     if not path.exists(): raise FileNotFoundError(f"{path}: missing (its meta records {rec['size']} bytes)")
     size = path.stat().st_size
     if size != rec["size"]:
         raise CheckpointCorruptError(f"{path}: size {size} != {rec['size']} recorded in meta (truncated or torn)")
 
+# %% ../nbs/07_checkpoint.ipynb #715ef001
 def _own_cpu_tensors(obj):
     "Copy CPU tensors of an mmap'd `torch.load` result into ordinary memory (so nothing stays backed by the file)."
     if isinstance(obj, torch.Tensor): return obj.clone() if obj.device.type == "cpu" else obj
@@ -357,6 +388,7 @@ def _own_cpu_tensors(obj):
     if isinstance(obj, tuple): return tuple(_own_cpu_tensors(v) for v in obj)
     return obj
 
+# %% ../nbs/07_checkpoint.ipynb #1ea19470
 def _warn_tied_mismatch(target_state, weights):
     groups = {}
     for k, v in target_state.items(): groups.setdefault((v.device, v.untyped_storage().data_ptr()), []).append(k)
@@ -366,6 +398,7 @@ def _warn_tied_mismatch(target_state, weights):
             warnings.warn(f"load: {ks} share one parameter in the model but differ in the file; '{ks[-1]}' wins",
                           CheckpointWarning)
 
+# %% ../nbs/07_checkpoint.ipynb #3dc93cf6
 def _verified_read(path: Path, rec: dict, job, before, reader):
     """`reader(path)`, trusted only if `job` (the file's digest) matches `rec` and the file's inode/size/mtime are still
     `before`. A file that matches its digest but does not deserialize is corrupt all the same (written corrupt)."""
@@ -378,6 +411,17 @@ def _verified_read(path: Path, rec: dict, job, before, reader):
     if job.result()[algo] != rec[algo]: raise CheckpointCorruptError(f"{path}: {algo} digest differs from meta (corrupt)")
     if _fingerprint(path) != before: raise CheckpointCorruptError(f"{path}: changed while it was being loaded")
     return obj
+
+# %% ../nbs/07_checkpoint.ipynb #2b4476bc
+def _check_keys(target_state, weights, step, strict):
+    "Raise (strict) or warn when `weights` lacks keys of `target_state` or has keys it does not."
+    missing = [k for k in target_state if k not in weights]
+    unexpected = [k for k in weights if k not in target_state]
+    if missing or unexpected:
+        msg = (f"load step {step}: {len(missing)} missing key(s) {missing[:5]}, "
+               f"{len(unexpected)} unexpected key(s) {unexpected[:5]}")
+        if strict: raise RuntimeError(msg + " (pass strict=False to load anyway)")
+        warnings.warn(msg, CheckpointWarning)
 
 # %% ../nbs/07_checkpoint.ipynb #bf84748d
 @patch
@@ -408,13 +452,7 @@ def load(self: CheckpointManager, model, step: int, device="cpu", optimizer=None
     weights = {strip_compile_prefix(k): v for k, v in weights.items()}
     target = unwrap_compiled(model)
     target_state = target.state_dict()                  # once: under FSDP this is a gather
-    missing = [k for k in target_state if k not in weights]
-    unexpected = [k for k in weights if k not in target_state]
-    if missing or unexpected:                           # decided before anything is copied into the model
-        msg = (f"load step {step}: {len(missing)} missing key(s) {missing[:5]}, "
-               f"{len(unexpected)} unexpected key(s) {unexpected[:5]}")
-        if strict: raise RuntimeError(msg + " (pass strict=False to load anyway)")
-        warnings.warn(msg, CheckpointWarning)
+    _check_keys(target_state, weights, step, strict)    # decided before anything is copied into the model
     _warn_tied_mismatch(target_state, weights)
     del target_state
     target.load_state_dict(weights, strict=False)

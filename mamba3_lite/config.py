@@ -30,8 +30,8 @@ __all__ = ['SEED_MAX', 'SEED_MAX_TEXT', 'RESUME_META', 'MODEL_KNOBS_ON_RESUME', 
            'CPU_FAILING_COMPILE_MODES', 'ConfigError', 'DataConfig', 'LoopConfig', 'TrainingConfig', 'check_ranges',
            'config_from_dict', 'config_to_dict', 'ConfigLoader', 'packaged_configs', 'config_path', 'load_config',
            'apply_overrides', 'apply_triton_opt_in', 'build_model_config', 'check_resume_meta', 'config_changes',
-           'refused_changes', 'dry_run_config', 'physical_cores', 'busy_cores', 'auto_threads', 'logical_cpus',
-           'apply_num_threads', 'compile_mode_for']
+           'refused_changes', 'default_run_dir', 'dry_run_config', 'check_device', 'physical_cores', 'busy_cores',
+           'auto_threads', 'logical_cpus', 'apply_num_threads', 'compile_mode_for']
 
 # %% ../nbs/09_config.ipynb #a2abc34a
 class ConfigError(ValueError):
@@ -46,6 +46,7 @@ class DataConfig:
     shuffle: bool = True  # (seed, epoch)-shuffled window order; False scans windows in file order
     dummy: bool = False  # use random tokens instead of a corpus (only for wiring checks; says so loudly)
     reset_at_eos: bool = False  # restart the SSM state after every EOS: packed documents do not see each other
+    tokenizer: str = "gpt2"  # gpt2, or a Hugging Face tokenizer.json (a run keeps its own copy; see 05_tokenizer)
 
 
 @dataclass
@@ -71,17 +72,18 @@ class LoopConfig:
     eval_at_start: bool = True  # evaluate the fresh model before the first step
     save_every: int = 4000
     keep_last: Optional[int] = None  # keep only the newest N checkpoints (None keeps all)
-    checkpoint_dir: str = "checkpoints/pretrain"  # the run directory: checkpoints + metrics.jsonl
+    checkpoint_dir: Optional[str] = None  # the run directory: checkpoints + metrics.jsonl; None: `default_run_dir`
     compile: bool = True
     compile_mode: Optional[str] = None  # None: max-autotune on CUDA, default on CPU; TORCH_COMPILE_MODE overrides it
     compile_on_cpu: bool = False  # torch.compile is skipped on CPU unless this is set
-    precision: Literal["bf16", "fp32"] = "bf16"  # bf16 autocast on CUDA; CPU always runs fp32
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU; bf16 asks for a GPU
     nan_guard_max_consecutive: int = 5
     parallel: Literal["ddp", "fsdp"] = "ddp"  # data-parallel engine under torchrun
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: Union[Literal["auto"], int, None] = "auto"  # torch CPU threads: "auto" (`auto_threads`), N, or None (torch's default)
     cpu_malloc_cache: bool = True  # CPU + glibc: keep freed large blocks in the heap (see `keep_freed_memory_in_heap`)
     dry_run: bool = False  # 2 steps, may use the dummy data layout
+    stop_grace_s: float = 30.0  # after SIGTERM / Ctrl-C, a step unfinished this long is abandoned (the last one is saved)
 
 
 @dataclass
@@ -316,16 +318,35 @@ def refused_changes(changes: list) -> list:
     return [c for c in changes if c[0] in FIXED_ON_RESUME
             or (c[0].startswith("model.") and c[0].split(".", 1)[1] not in MODEL_KNOBS_ON_RESUME)]
 
+# %% ../nbs/09_config.ipynb #aa0d16ab
+def default_run_dir(cfg: TrainingConfig) -> str:
+    "The run directory of a config that names none: `runs/<preset>-<corpus name>`."
+    p = Path(os.path.abspath(cfg.data.data_path))
+    corpus = "dummy" if cfg.data.dummy else (p.parent.name if p.name == "data" else p.name)
+    return str(Path("runs") / re.sub(r"[^\w.-]+", "-", f"{cfg.model.get('preset', 'tiny')}-{corpus}"))
+
 # %% ../nbs/09_config.ipynb #9741adec
 def dry_run_config(cfg: TrainingConfig) -> TrainingConfig:
     "The 2-step wiring-check version of `cfg`."
     t = cfg.training
-    checkpoint_dir = Path(t.checkpoint_dir)
+    checkpoint_dir = Path(t.checkpoint_dir or default_run_dir(cfg))
     if checkpoint_dir.name != "dry_run":
         checkpoint_dir = checkpoint_dir / "dry_run"
     return dataclasses.replace(cfg, training=dataclasses.replace(
         t, dry_run=True, max_steps=2, log_every=1, eval_every=2, eval_batches=1, save_every=2,
         warmup_steps=min(t.warmup_steps, 1), checkpoint_dir=str(checkpoint_dir)))
+
+# %% ../nbs/09_config.ipynb #c0df0832
+def check_device(cfg: TrainingConfig, cuda_available: bool) -> TrainingConfig:
+    "`cfg`, or `ConfigError` (one line) when `device: auto` finds no GPU and the config asks for the Triton kernels or bf16."
+    t = cfg.training
+    if t.device != "auto" or cuda_available: return cfg
+    asks = [what for what, on in (("the Triton SSD kernels (model.ssd_dispatch: triton)", cfg.model.get("ssd_dispatch") == "triton"),
+                                  ("bf16 autocast (training.precision: bf16)", t.precision == "bf16")) if on]
+    if asks:
+        raise ConfigError(f"this config asks for {' and '.join(asks)}, which need a CUDA GPU, and torch sees none; "
+                          "pass --device cpu to run it on this CPU anyway (fp32, the PyTorch SSD)")
+    return cfg
 
 # %% ../nbs/09_config.ipynb #cb11fae8
 def _cgroup_cpus():

@@ -9,6 +9,7 @@ __all__ = ['DistEnv', 'setup_distributed', 'teardown_distributed', 'FullOptimSta
 # %% ../nbs/10_distributed.ipynb #11851345
 import contextlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -141,11 +142,13 @@ def fsdp_sync(model, last: bool):
 # %% ../nbs/10_distributed.ipynb #e2f3a4b5
 class StopRequest:
     """SIGTERM / SIGINT as a flag every rank reads the same (`poll`); `with StopRequest():` installs the handlers and the
-    watcher that exits at once on a second request (a repeat within `same_request_s` is the same request)."""
+    watcher that exits at once on a second request (a repeat within `same_request_s` is the same request), prints
+    `announce()` when the first lands, and calls `abandon(signum)` if it is not `honored` within `grace_s`."""
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
-    def __init__(self, same_request_s: float = None):
+    def __init__(self, same_request_s: float = None, announce=None, grace_s: float = None, abandon=None):
         self.signum, self._at, self._old, self._wake = None, None, {}, None
         self.same_request_s = (1.0 if "TORCHELASTIC_RUN_ID" in os.environ else 0.1) if same_request_s is None else same_request_s
+        self.announce, self.grace_s, self.abandon, self.honored = announce, grace_s, abandon, threading.Event()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -169,21 +172,43 @@ class StopRequest:
         if self.signum is None: self.signum = signum
 
     def _watch(self, r: int):
-        "Each signal's number, read from the wakeup pipe as it lands (whatever the main thread runs); a second request exits."
+        "Each signal's number, read from the wakeup pipe as it lands (whatever the main thread runs); see `_land`."
         with open(r, "rb", buffering=0) as pipe:
-            while byte := pipe.read(1):
-                if self.arrived(byte[0], time.monotonic()):
-                    os.write(2, f"second {signal.Signals(byte[0]).name}: exiting now, without a checkpoint\n".encode())
-                    os._exit(128 + byte[0])
+            while True:
+                if not select.select([pipe], [], [], self._patience())[0]:        # the grace ran out
+                    self.grace_s = None                                          # (once)
+                    if self.abandon is not None and not self.honored.is_set(): self.abandon(self.signum)
+                    continue
+                byte = pipe.read(1)
+                if not byte: return                                              # __exit__ closed the pipe
+                self._land(byte[0], time.monotonic())
 
-    def arrived(self, signum: int, now: float) -> bool:
-        "Record that `signum` landed at `now`; True when it is a second request (more than `same_request_s` after the first)."
-        if signum not in self.SIGNALS: return False
+    def _patience(self):
+        "Seconds the watcher may wait for the next signal: until the grace of a request not yet honored runs out, else forever."
+        if self._at is None or self.grace_s is None or self.honored.is_set(): return None
+        return max(0.0, self._at + self.grace_s - time.monotonic())
+
+    def _land(self, signum: int, now: float):
+        "Say what a signal does, the moment it lands: announce the first, name a repeat, exit on a second request."
+        what, name = self.arrived(signum, now), signal.Signals(signum).name if signum in self.SIGNALS else ""
+        if what == "first" and self.announce is not None:
+            os.write(2, f"{name}: {self.announce()}; a second signal{f' more than {self.same_request_s:g} s later' * (self.same_request_s > 0)} "
+                        "exits at once, without a checkpoint\n".encode())
+        elif what == "same" and self.announce is not None:
+            os.write(2, f"{name} again within {self.same_request_s:g} s: the same request (send another to exit at once)\n".encode())
+        elif what == "second":
+            os.write(2, f"second {name}: exiting now, without a checkpoint\n".encode())
+            os._exit(128 + signum)
+
+    def arrived(self, signum: int, now: float):
+        """Record that `signum` landed at `now`: "first", "same" (within `same_request_s` of the first), "second"
+        (a second request, later than that), or None (not a stop signal)."""
+        if signum not in self.SIGNALS: return None
         if self._at is None:
             self._at = now
             if self.signum is None: self.signum = signum
-            return False
-        return now - self._at > self.same_request_s
+            return "first"
+        return "second" if now - self._at > self.same_request_s else "same"
 
     def poll(self, env: DistEnv) -> int:
         "The signal any rank received (0: none), the same on every rank: a collective when there are several."

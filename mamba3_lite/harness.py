@@ -16,7 +16,7 @@ import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .prepare import require_extra
+from .tokenizer import require_extra
 from .files import atomic_write
 from .model import Mamba3Transformer
 from .tokenizer import GPT2_EOS_ID, gpt2_encoding

@@ -24,6 +24,7 @@ import yaml
 from .checkpoint import CheckpointManager
 from .config import TrainingConfig, config_to_dict, load_config
 from .files import atomic_write
+from .tokenizer import TOKENIZER_FILE, TOKENIZER_NAME, tokenizer_file
 from .model import PRESETS, Mamba3Transformer, ModelConfig, check_fits_in_memory
 from .evaluate import load_trained
 
@@ -74,7 +75,7 @@ def mamba_ssm_config(cfg: ModelConfig, pad_vocab_size_multiple: int = 8) -> dict
            "chunk_size": cfg.chunk_size, "fuse_pregate_headwise_norm": True, "dropout": 0.0}
     return dict(d_model=cfg.d_model, d_intermediate=cfg.d_ff, n_layer=cfg.n_layers, vocab_size=cfg.vocab_size,
                 ssm_cfg=ssm, attn_layer_idx=[], attn_cfg={}, rms_norm=True, residual_in_fp32=True,
-                fused_add_norm=True, pad_vocab_size_multiple=pad_vocab_size_multiple, tie_embeddings=True)
+                fused_add_norm=True, pad_vocab_size_multiple=pad_vocab_size_multiple, tie_embeddings=cfg.tie_embeddings)
 
 # %% ../nbs/14_interop.ipynb #407f9f0e
 def _only_known(d: dict, known, where: str):
@@ -100,10 +101,10 @@ def model_config_from_mamba_ssm(config: dict, d_ff: int = None) -> ModelConfig:
         _refuse("attn_layer_idx", f"attention layers cannot be represented here (expected [], got {c['attn_layer_idx']})")
     if not c["rms_norm"]:
         _refuse("rms_norm", "LayerNorm blocks (rms_norm: false) cannot be represented here; expected true")
-    if not c["tie_embeddings"]:
-        _refuse("tie_embeddings", "an untied LM head cannot be represented here; expected true")
-    if not c["d_intermediate"]:
-        _refuse("d_intermediate", "0 means blocks without an MLP, which cannot be represented here; expected > 0")
+    if type(c["tie_embeddings"]) is not bool:
+        _refuse("tie_embeddings", f"expected true or false, got {c['tie_embeddings']!r}")
+    if type(c["d_intermediate"]) is not int or c["d_intermediate"] < 0:
+        _refuse("d_intermediate", f"expected an integer >= 0 (0: blocks without an MLP), got {c['d_intermediate']!r}")
     _only_known(ssm, {"layer", *MAMBA3_DEFAULTS}, "ssm_cfg.")
     s = {**MAMBA3_DEFAULTS, **ssm}
     if s["rope_fraction"] not in (0.5, 1.0):
@@ -111,7 +112,8 @@ def model_config_from_mamba_ssm(config: dict, d_ff: int = None) -> ModelConfig:
     if s["dropout"]:
         _refuse("ssm_cfg.dropout", f"expected 0.0, got {s['dropout']!r}")
     cfg = check_fits_in_memory(ModelConfig(vocab_size=c["vocab_size"], d_model=c["d_model"], n_layers=c["n_layer"],
-                                           d_ff=d_ff or c["d_intermediate"], chunk_size=s["chunk_size"],
+                                           d_ff=c["d_intermediate"] if d_ff is None else d_ff, chunk_size=s["chunk_size"],
+                                           tie_embeddings=c["tie_embeddings"],
                                            norm_eps=OFFICIAL_EPS, **{ours: s[off] for ours, off in MIXER_FIELDS.items()}))
     pad = c["pad_vocab_size_multiple"]
     if type(pad) is not int or not 1 <= pad <= cfg.vocab_size:
@@ -195,12 +197,13 @@ def to_mamba_ssm(model: Mamba3Transformer, pad_vocab_size_multiple: int = 8):
     for i in range(cfg.n_layers):
         p, q = f"layers.{i}.", f"backbone.layers.{i}."
         mixer = {k[len(p + "mixer."):]: v for k, v in sd.items() if k.startswith(p + "mixer.")}
-        fc1, fc2 = pad_mlp(sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc2.weight"], width)
         out[q + "norm.weight"] = sd[p + "norm1.weight"]
         out.update({q + "mixer." + k: v for k, v in _mixer_to_official(mixer, cfg).items()})
-        out.update({q + "norm2.weight": sd[p + "norm2.weight"], q + "mlp.fc1.weight": fc1, q + "mlp.fc2.weight": fc2})
+        if cfg.d_ff:                                   # d_intermediate 0: the official block has no norm2 and no mlp
+            fc1, fc2 = pad_mlp(sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc2.weight"], width)
+            out.update({q + "norm2.weight": sd[p + "norm2.weight"], q + "mlp.fc1.weight": fc1, q + "mlp.fc2.weight": fc2})
     out["backbone.norm_f.weight"] = sd["norm_f.weight"]
-    out["lm_head.weight"] = emb
+    out["lm_head.weight"] = emb if cfg.tie_embeddings else F.pad(sd["lm_head.weight"], (0, 0, 0, vocab - cfg.vocab_size))
     return config, out
 
 # %% ../nbs/14_interop.ipynb #08f94418
@@ -212,10 +215,10 @@ def official_layout(config: dict, d_ff: int = None) -> dict:
     return {k: tuple(v.shape) for k, v in sd.items()}
 
 
-def _check_layout(state_dict: dict, layout: dict):
+def _check_layout(state_dict: dict, layout: dict, tied: bool = True):
     "Refuse (one line naming the key) a state dict with a missing, unknown, wrongly shaped, non-float or non-finite tensor."
     for k, shape in layout.items():
-        if k not in state_dict and k != "lm_head.weight":
+        if k not in state_dict and (k != "lm_head.weight" or not tied):   # a tied head may be stored once, as the embedding
             _refuse(k, "missing from the state dict")
         if k in state_dict and tuple(state_dict[k].shape) != shape:
             _refuse(k, f"expected shape {shape} for this config, got {tuple(state_dict[k].shape)}")
@@ -229,7 +232,7 @@ def _check_layout(state_dict: dict, layout: dict):
             n = int((~torch.isfinite(v)).sum())
             _refuse(k, f"holds {n:,} non-finite value{'s' * (n != 1)} (NaN or inf); expected finite weights")
     head = state_dict.get("lm_head.weight")
-    if head is not None and not torch.equal(head, state_dict["backbone.embedding.weight"]):
+    if tied and head is not None and not torch.equal(head, state_dict["backbone.embedding.weight"]):
         _refuse("lm_head.weight", "differs from backbone.embedding.weight, but the config ties them")
 
 # %% ../nbs/14_interop.ipynb #81123183
@@ -237,21 +240,23 @@ def from_mamba_ssm(config: dict, state_dict: dict) -> Mamba3Transformer:
     """The `Mamba3Transformer` of an official (config, state_dict); the inverse of `to_mamba_ssm`. The MLP keeps the
     official width unless its padding is exactly zero; the embedding keeps `vocab_size` rows."""
     layout = official_layout(config)
-    _check_layout(state_dict, layout)
     cfg = model_config_from_mamba_ssm(config)
+    _check_layout(state_dict, layout, cfg.tie_embeddings)
     f, n_layers = cfg.d_ff, cfg.n_layers
     fc = lambda i: (state_dict[f"backbone.layers.{i}.mlp.fc1.weight"], state_dict[f"backbone.layers.{i}.mlp.fc2.weight"])
-    if not all(mlp_padding_is_zero(*fc(i), f) for i in range(n_layers)):
+    if f and not all(mlp_padding_is_zero(*fc(i), f) for i in range(n_layers)):
         cfg = dataclasses.replace(cfg, d_ff=round_up(f, MLP_MULTIPLE))
     sd = {"embed.weight": state_dict["backbone.embedding.weight"][:cfg.vocab_size]}
     for i in range(n_layers):
         p, q = f"layers.{i}.", f"backbone.layers.{i}."
         mixer = {k[len(q + "mixer."):]: v for k, v in state_dict.items() if k.startswith(q + "mixer.")}
-        fc1, fc2 = trim_mlp(*fc(i), cfg.d_ff)
         sd[p + "norm1.weight"] = state_dict[q + "norm.weight"]
         sd.update({p + "mixer." + k: v for k, v in _mixer_from_official(mixer, cfg).items()})
-        sd.update({p + "norm2.weight": state_dict[q + "norm2.weight"], p + "mlp.fc1.weight": fc1, p + "mlp.fc2.weight": fc2})
+        if f:
+            fc1, fc2 = trim_mlp(*fc(i), cfg.d_ff)
+            sd.update({p + "norm2.weight": state_dict[q + "norm2.weight"], p + "mlp.fc1.weight": fc1, p + "mlp.fc2.weight": fc2})
     sd["norm_f.weight"] = state_dict["backbone.norm_f.weight"]
+    if not cfg.tie_embeddings: sd["lm_head.weight"] = state_dict["lm_head.weight"][:cfg.vocab_size]
     with torch.device("meta"):          # no initialisation: strict loading below sets every parameter
         model = Mamba3Transformer(cfg)
     model.to_empty(device="cpu").load_state_dict(sd, strict=True)
@@ -266,10 +271,11 @@ def save_pretrained(model: Mamba3Transformer, directory, torch_bin: bool = True)
     config, sd = to_mamba_ssm(model)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    stored = {k: v.contiguous() for k, v in sd.items() if k != "lm_head.weight"}
+    tied = model.config.tie_embeddings
+    stored = {k: v.contiguous() for k, v in sd.items() if k != "lm_head.weight" or not tied}   # a tied head: stored once
     atomic_write(d / "model.safetensors", lambda p: safetensors.torch.save_file(stored, p, metadata={"format": "pt"}))
     if torch_bin:
-        tied = {**stored, "lm_head.weight": stored["backbone.embedding.weight"]}
+        tied = {**stored, "lm_head.weight": stored["backbone.embedding.weight"] if tied else stored["lm_head.weight"]}
         atomic_write(d / "pytorch_model.bin", lambda p: torch.save(tied, p))
     atomic_write(d / "config.json", lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
     return d
@@ -350,8 +356,10 @@ def export_run(checkpoint_dir, out_dir, step: int = None, torch_bin: bool = True
     taken = [name for name in ("config.json", *WEIGHT_FILES) if (Path(out_dir) / name).exists()]
     if taken:
         raise ValueError(f"{Path(out_dir) / taken[0]}: already exists; export into a new directory (nothing was written)")
-    model, _, meta = load_trained(checkpoint_dir, step, log=lambda s: None)
+    model, cfg, meta = load_trained(checkpoint_dir, step, log=lambda s: None)
     save_pretrained(model, out_dir, torch_bin=torch_bin)
+    if cfg.data.tokenizer != TOKENIZER_NAME:            # the run's tokenizer.json goes with the weights
+        _copy_file(tokenizer_file(cfg.data.tokenizer), Path(out_dir) / TOKENIZER_FILE)
     return {"step": meta["step"], "out_dir": str(out_dir), "files": sorted(p.name for p in Path(out_dir).iterdir())}
 
 
@@ -361,8 +369,14 @@ def _run_model_section(cfg: ModelConfig) -> dict:
     return {"preset": same[0]} if same else {"preset": "tiny", **dataclasses.asdict(cfg)}
 
 
-def import_run(source, checkpoint_dir, base_config=None) -> dict:
-    "Convert an official-layout model (directory or hub id) into step 0 of a new run directory, plus its config.yaml."
+def _copy_file(src: Path, dest: Path):
+    data = Path(src).read_bytes()
+    atomic_write(dest, lambda p: Path(p).write_bytes(data))
+
+
+def import_run(source, checkpoint_dir, base_config=None, tokenizer=None) -> dict:
+    """Convert an official-layout model (directory or hub id) into step 0 of a new run directory, plus its config.yaml;
+    the run keeps `tokenizer` (a tokenizer.json, or a directory holding one), else the model directory's tokenizer.json."""
     checkpoint_dir = Path(checkpoint_dir)
     mgr = CheckpointManager(checkpoint_dir)
     if mgr.list_steps():
@@ -372,6 +386,11 @@ def import_run(source, checkpoint_dir, base_config=None) -> dict:
     cfg = dataclasses.replace(cfg, model=_run_model_section(model.config),    # data path absolute, as `train` stores it
                               data=dataclasses.replace(cfg.data, data_path=os.path.abspath(cfg.data.data_path)),
                               training=dataclasses.replace(cfg.training, checkpoint_dir=str(checkpoint_dir)))
+    tok = tokenizer_file(tokenizer) if tokenizer is not None else Path(source) / TOKENIZER_FILE
+    if tok.is_file():                                   # the run records its own copy (05_tokenizer)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        _copy_file(tok, checkpoint_dir / TOKENIZER_FILE)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str((checkpoint_dir / TOKENIZER_FILE).absolute())))
     plain = config_to_dict(cfg)
     mgr.save(model, None, 0, extra_meta={"config": plain, "tag": "import", "imported_from": str(source)})
     atomic_write(checkpoint_dir / "config.yaml", lambda p: p.write_text(yaml.safe_dump(plain, sort_keys=False)))

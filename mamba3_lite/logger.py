@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['PEAK_BF16_DENSE_FLOPS', 'peak_flops_for', 'LoggerWarning', 'peak_memory', 'format_duration', 'format_line',
            'eval_coverage', 'format_eval_line', 'truncate_metrics', 'TrainingLogger', 'read_metrics', 'run_directory',
-           'plot_metrics']
+           'metrics_figure', 'plot_metrics']
 
 # %% ../nbs/08_logger.ipynb #6587b8d5
 import json
@@ -314,8 +314,9 @@ def run_directory(checkpoint_dir) -> Path:
     p = Path(checkpoint_dir)
     return p.parent if p.name == "checkpoints" else p
 
-def plot_metrics(checkpoint_dir, out_png=None) -> Path:
-    "Plot loss (+ eval loss), lr and tokens/s from `checkpoint_dir/metrics.jsonl` into a PNG (default: `loss.png` in `run_directory`)."
+def metrics_figure(checkpoint_dir):
+    """The figure of `checkpoint_dir/metrics.jsonl`: loss (+ eval loss, its legend naming the validation tokens an
+    evaluation covers), lr and tokens/s."""
     from matplotlib.figure import Figure
     rows = read_metrics(checkpoint_dir)
     train = [r for r in rows if r.get("kind") == "train"]
@@ -325,7 +326,8 @@ def plot_metrics(checkpoint_dir, out_png=None) -> Path:
     fig = Figure(figsize=(10, 3))
     ax_loss, ax_lr, ax_tps = fig.subplots(1, 3)
     ax_loss.plot(*col(train, "loss"), label="train")
-    if evals: ax_loss.plot(*col(evals, "loss"), "o-", label="eval")
+    covers = lambda r: f" ({eval_coverage(r['tokens'], r.get('split_tokens'), r.get('split') or 'val')})" if r.get("tokens") else ""
+    if evals: ax_loss.plot(*col(evals, "loss"), "o-", label="eval" + covers(evals[-1]))
     ax_loss.set(title="loss", xlabel="step"); ax_loss.legend()
     ax_lr.plot(*col(train, "lr")); ax_lr.set(title="learning rate", xlabel="step")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
@@ -333,6 +335,12 @@ def plot_metrics(checkpoint_dir, out_png=None) -> Path:
     ax_tps.plot(steps, tps); ax_tps.set(title="tokens / s", xlabel="step")
     ax_tps.set_ylim(0, 1.15 * max(tps, default=0) or 1)        # from 0: a steady rate reads as flat, not as noise zoomed in
     fig.tight_layout()
+    return fig
+
+
+def plot_metrics(checkpoint_dir, out_png=None) -> Path:
+    "Plot `metrics_figure(checkpoint_dir)` into a PNG (default: `loss.png` in `run_directory`)."
+    fig = metrics_figure(checkpoint_dir)
     out = Path(out_png) if out_png is not None else run_directory(checkpoint_dir) / "loss.png"
     atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=80, format=out.suffix.lstrip(".") or "png"))
     return out

@@ -31,29 +31,31 @@ class ModelConfig(MixerConfig):
     mixer's fields (`MixerConfig`, `02_block`; every layer's block is built from this config) and the LM's own."""
     vocab_size: int = 50257        # GPT-2 BPE, unpadded
     n_layers: int = 28
-    d_ff: int = 2272               # SwiGLU hidden width
+    d_ff: int = 2272               # SwiGLU hidden width; 0: layers without an MLP (the official `d_intermediate: 0`)
     grad_checkpoint: bool = False  # recompute each layer in backward
     init_std: float = 0.02         # embedding init
+    tie_embeddings: bool = True    # the LM head is the embedding matrix; False: a head of its own (the official option)
 
     def __post_init__(self):
         super().__post_init__()    # the mixer's fields, checked where they are defined
         for name in ("vocab_size", "n_layers", "d_ff"):
-            val = getattr(self, name)
-            require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name,
-                     f"expected a positive int, got {val!r}")
+            val, least = getattr(self, name), 0 if name == "d_ff" else 1
+            require(isinstance(val, int) and not isinstance(val, bool) and val >= least, name,
+                     f"expected an int >= {least}, got {val!r}")
+        require(isinstance(self.tie_embeddings, bool), "tie_embeddings", f"expected a bool, got {self.tie_embeddings!r}")
         require(isinstance(self.grad_checkpoint, bool), "grad_checkpoint", f"expected a bool, got {self.grad_checkpoint!r}")
         require(self.init_std > 0, "init_std", f"expected > 0, got {self.init_std!r}")
 
-    @classmethod
-    def from_preset(cls, name: str, **overrides) -> "ModelConfig":
-        "A named preset (see PRESETS), with any field overridden."
-        if name not in PRESETS:
-            raise ValueError(f"preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        for key in overrides:
-            require(key in fields, key, f"not a ModelConfig field (fields: {sorted(fields)})")
-        return cls(**{**PRESETS[name], **overrides})
-
+# %% ../nbs/03_model.ipynb #f5720069-1
+@patch(cls_method=True)
+def from_preset(cls: ModelConfig, name: str, **overrides) -> "ModelConfig":
+    "A named preset (see PRESETS), with any field overridden."
+    if name not in PRESETS:
+        raise ValueError(f"preset: unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in overrides:
+        require(key in fields, key, f"not a ModelConfig field (fields: {sorted(fields)})")
+    return cls(**{**PRESETS[name], **overrides})
 
 # %% ../nbs/03_model.ipynb #d923e11a
 _TINY = dict(vocab_size=50257, d_model=64, n_layers=4, d_ff=192, d_state=32, expand=2, headdim=16, chunk_size=16)
@@ -82,15 +84,18 @@ def parameter_breakdown(cfg: ModelConfig) -> dict:
         c["fixed angle rates"] = S
     c["mixer"] = sum(c.values())
     c["MLP"] = 3 * d * cfg.d_ff
-    c["two RMSNorms"] = 2 * d
-    c["block"] = c["mixer"] + c["MLP"] + c["two RMSNorms"]
+    norms = "two RMSNorms" if cfg.d_ff else "one RMSNorm"            # no MLP: no second norm either
+    c[norms] = (2 if cfg.d_ff else 1) * d
+    c["block"] = c["mixer"] + c["MLP"] + c[norms]
     c["all blocks"] = cfg.n_layers * c["block"]
-    c["embedding (tied head)"] = cfg.vocab_size * d
+    head = "embedding (tied head)" if cfg.tie_embeddings else "embedding"
+    c[head] = cfg.vocab_size * d
+    if not cfg.tie_embeddings: c["LM head"] = cfg.vocab_size * d
     c["final norm"] = d
-    c["total"] = c["all blocks"] + c["embedding (tied head)"] + c["final norm"]
+    c["total"] = c["all blocks"] + c[head] + c.get("LM head", 0) + c["final norm"]
     return c
 
-
+# %% ../nbs/03_model.ipynb #4ed29770-1
 def closed_form_num_parameters(cfg: ModelConfig) -> int:
     "Total parameter count of Mamba3Transformer(cfg), tied weights once."
     return parameter_breakdown(cfg)["total"]
@@ -101,7 +106,7 @@ def physical_memory_bytes() -> int:
     try: return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError): return 2**40
 
-
+# %% ../nbs/03_model.ipynb #a7b9d1c5-1
 def check_fits_in_memory(cfg: ModelConfig, memory_bytes: int = None) -> ModelConfig:
     "`cfg`, or `ValueError` with its parameter count when its fp32 weights alone exceed `memory_bytes` (default: this machine's)."
     n = closed_form_num_parameters(cfg)
@@ -136,56 +141,65 @@ class SwiGLU(nn.Module):
         value, gate = self.fc1(x).chunk(2, dim=-1)
         return self.fc2(value * F.silu(gate))
 
-
+# %% ../nbs/03_model.ipynb #7576304c-1
 def _residual_dtype(x: torch.Tensor) -> torch.dtype:
     "fp32 for half-precision inputs, else the input's dtype (fp64 checks stay fp64)."
     return torch.promote_types(x.dtype, torch.float32)
 
-
+# %% ../nbs/03_model.ipynb #7576304c-2
 class Mamba3Layer(nn.Module):
     "x + Mixer(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); x is the fp32 residual stream."
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mixer = Mamba3Block(cfg)               # a ModelConfig is the MixerConfig of each block
-        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
+        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.d_ff else None
+        self.mlp = SwiGLU(cfg.d_model, cfg.d_ff) if cfg.d_ff else None   # d_ff = 0: the mixer alone
         self.grad_checkpoint = cfg.grad_checkpoint
 
-    def reset_parameters(self):
-        self.norm1.reset_parameters(); self.norm2.reset_parameters()
-        self.mixer.reset_parameters(); self.mlp.reset_parameters()
+# %% ../nbs/03_model.ipynb #7576304c-2-1
+@patch
+def reset_parameters(self: Mamba3Layer):
+    self.norm1.reset_parameters(); self.mixer.reset_parameters()
+    if self.mlp is not None: self.norm2.reset_parameters(); self.mlp.reset_parameters()
 
-    def _forward_impl(self, x, initial_state=None, return_state=False, seq_idx=None):
-        y, state = self.mixer(self.norm1(x), initial_state=initial_state, return_state=True, seq_idx=seq_idx)
-        x = x + y.to(x.dtype)
-        x = x + self.mlp(self.norm2(x)).to(x.dtype)
-        return (x, state) if return_state else x
+# %% ../nbs/03_model.ipynb #7576304c-2-2
+@patch
+def _forward_impl(self: Mamba3Layer, x, initial_state=None, return_state=False, seq_idx=None):
+    y, state = self.mixer(self.norm1(x), initial_state=initial_state, return_state=True, seq_idx=seq_idx)
+    x = x + y.to(x.dtype)
+    if self.mlp is not None: x = x + self.mlp(self.norm2(x)).to(x.dtype)
+    return (x, state) if return_state else x
 
-    def forward(self, x, initial_state: Optional[SSDState] = None, return_state: bool = False, seq_idx=None):
-        "x (b,T,d) fp32 -> (b,T,d) [, final SSDState]; seq_idx (b,T) document indices (the SSM restarts at each)."
-        if self.grad_checkpoint and self.training and torch.is_grad_enabled():
-            return checkpoint(self._forward_impl, x, initial_state, return_state, seq_idx, use_reentrant=False)
-        return self._forward_impl(x, initial_state, return_state, seq_idx)
+# %% ../nbs/03_model.ipynb #7576304c-2-3
+@patch
+def forward(self: Mamba3Layer, x, initial_state: Optional[SSDState] = None, return_state: bool = False, seq_idx=None):
+    "x (b,T,d) fp32 -> (b,T,d) [, final SSDState]; seq_idx (b,T) document indices (the SSM restarts at each)."
+    if self.grad_checkpoint and self.training and torch.is_grad_enabled():
+        return checkpoint(self._forward_impl, x, initial_state, return_state, seq_idx, use_reentrant=False)
+    return self._forward_impl(x, initial_state, return_state, seq_idx)
 
-    def step(self, x, state: SSDState, reset=None):
-        "One token: x (b,d) -> (x (b,d), new SSDState); reset (b,) bool: rows whose token starts a document."
-        fc1, fc2 = self.mlp.fc1.weight, self.mlp.fc2.weight
-        w1, w2 = step_constants(self, (fc1, fc2), lambda: (fc1.t(), fc2.t()))   # (the same products as the Linears)
-        y, state = self.mixer.step(self.norm1.step(x), state, reset)
-        x = x + (y if y.dtype == x.dtype else y.to(x.dtype))
-        h = torch.mm(self.norm2.step(x), w1)                                   # [value | gate] (b, 2 d_ff)
-        d_ff = w2.shape[0]
-        value, gate = (h.as_strided((h.shape[0], d_ff), h.stride(), i * d_ff) for i in (0, 1))
-        y = torch.mm(value * F.silu(gate), w2)
-        return x + (y if y.dtype == x.dtype else y.to(x.dtype)), state
+# %% ../nbs/03_model.ipynb #7576304c-2-4
+@patch
+def step(self: Mamba3Layer, x, state: SSDState, reset=None):
+    "One token: x (b,d) -> (x (b,d), new SSDState); reset (b,) bool: rows whose token starts a document."
+    y, state = self.mixer.step(self.norm1.step(x), state, reset)
+    x = x + (y if y.dtype == x.dtype else y.to(x.dtype))
+    if self.mlp is None: return x, state
+    fc1, fc2 = self.mlp.fc1.weight, self.mlp.fc2.weight
+    w1, w2 = step_constants(self, (fc1, fc2), lambda: (fc1.t(), fc2.t()))   # (the same products as the Linears)
+    h = torch.mm(self.norm2.step(x), w1)                                   # [value | gate] (b, 2 d_ff)
+    d_ff = w2.shape[0]
+    value, gate = (h.as_strided((h.shape[0], d_ff), h.stride(), i * d_ff) for i in (0, 1))
+    y = torch.mm(value * F.silu(gate), w2)
+    return x + (y if y.dtype == x.dtype else y.to(x.dtype)), state
 
 # %% ../nbs/03_model.ipynb #b4aece5a
 class LMOutput(NamedTuple):
     logits: Optional[torch.Tensor]  # (b,T,V), or (b,num_last_tokens,V); None with return_logits=False
     loss: Optional[torch.Tensor]   # mean next-token cross-entropy when targets are given, else None
 
-
+# %% ../nbs/03_model.ipynb #b4aece5a-1
 class TiedLMHead(nn.Module):
     "logits = h @ embed.weight.T; owns no parameter, `weight` is the embedding's."
     def __init__(self, embed: nn.Embedding):
@@ -202,7 +216,6 @@ class TiedLMHead(nn.Module):
     def extra_repr(self) -> str:
         return f"tied to embed.weight {tuple(self.weight.shape)}"
 
-
 # %% ../nbs/03_model.ipynb #7df38e6e
 class Mamba3Transformer(nn.Module):
     "embedding -> n_layers x Mamba3Layer -> RMSNorm -> tied LM head."
@@ -214,36 +227,43 @@ class Mamba3Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Mamba3Layer(cfg) for _ in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = TiedLMHead(self.embed)
+        self.lm_head = TiedLMHead(self.embed) if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
 
-    def reset_parameters(self):
-        "The initialisation described above (the head stays tied: it has no weight of its own)."
-        cfg = self.config
-        nn.init.normal_(self.embed.weight, mean=0.0, std=cfg.init_std)
-        scale = 1 / math.sqrt(2 * cfg.n_layers)
-        for layer in self.layers:
-            layer.reset_parameters()
-            with torch.no_grad():
-                layer.mixer.out_proj.weight.mul_(scale)
-                layer.mlp.fc2.weight.mul_(scale)
-        self.norm_f.reset_parameters()
+# %% ../nbs/03_model.ipynb #7df38e6e-1
+@patch
+def reset_parameters(self: Mamba3Transformer):
+    "The initialisation described above (the head stays tied: it has no weight of its own)."
+    cfg = self.config
+    nn.init.normal_(self.embed.weight, mean=0.0, std=cfg.init_std)
+    if not cfg.tie_embeddings: nn.init.normal_(self.lm_head.weight, mean=0.0, std=cfg.init_std)
+    scale = 1 / math.sqrt(2 * cfg.n_layers)
+    for layer in self.layers:
+        layer.reset_parameters()
+        with torch.no_grad():
+            layer.mixer.out_proj.weight.mul_(scale)
+            if layer.mlp is not None: layer.mlp.fc2.weight.mul_(scale)
+    self.norm_f.reset_parameters()
 
-    def num_parameters(self) -> int:
-        "Number of distinct parameters (the tied embedding/head once)."
-        return sum(p.numel() for p in self.parameters())
+# %% ../nbs/03_model.ipynb #7df38e6e-2
+@patch
+def num_parameters(self: Mamba3Transformer) -> int:
+    "Number of distinct parameters (the tied embedding/head once)."
+    return sum(p.numel() for p in self.parameters())
 
-    def param_groups(self, weight_decay: float) -> list:
-        "AdamW groups: Linear/Embedding weights decay, everything else (biases, norms, dt_bias, D, MIMO scales) not."
-        decay, no_decay, seen = [], [], set()
-        for module in self.modules():
-            for name, p in module.named_parameters(recurse=False):
-                if id(p) in seen:
-                    continue
-                seen.add(id(p))
-                is_matrix = isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight"
-                (decay if is_matrix else no_decay).append(p)
-        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+# %% ../nbs/03_model.ipynb #7df38e6e-3
+@patch
+def param_groups(self: Mamba3Transformer, weight_decay: float) -> list:
+    "AdamW groups: Linear/Embedding weights decay, everything else (biases, norms, dt_bias, D, MIMO scales) not."
+    decay, no_decay, seen = [], [], set()
+    for module in self.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            is_matrix = isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight"
+            (decay if is_matrix else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 # %% ../nbs/03_model.ipynb #24673f50
 def _check_ids(name: str, ids: torch.Tensor, ndim: int):
@@ -252,14 +272,14 @@ def _check_ids(name: str, ids: torch.Tensor, ndim: int):
         got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"{name}: expected an integer tensor of shape {shape}, got {got}")
 
-
+# %% ../nbs/03_model.ipynb #24673f50-1
 def _check_seq_idx(seq_idx, input_ids):
     if seq_idx is not None:
         _check_ids("seq_idx", seq_idx, 2)
         require(seq_idx.shape == input_ids.shape, "seq_idx",
                 f"expected the shape of input_ids {tuple(input_ids.shape)}, got {tuple(seq_idx.shape)}")
 
-
+# %% ../nbs/03_model.ipynb #24673f50-2
 @patch
 def _backbone(self: Mamba3Transformer, input_ids: torch.Tensor, return_states: bool = False, seq_idx=None,
               initial_states: Optional[List[SSDState]] = None):
@@ -275,7 +295,7 @@ def _backbone(self: Mamba3Transformer, input_ids: torch.Tensor, return_states: b
             x = layer(x, seq_idx=seq_idx)
     return self.norm_f(x), states
 
-
+# %% ../nbs/03_model.ipynb #24673f50-3
 @patch
 def forward(self: Mamba3Transformer, input_ids: torch.Tensor, targets: Optional[torch.Tensor] = None,
              num_last_tokens: int = 0, seq_idx: Optional[torch.Tensor] = None, return_logits: bool = True) -> LMOutput:
@@ -305,13 +325,13 @@ def allocate_cache(self: Mamba3Transformer, batch_size: int, device=None) -> Lis
     device = self.embed.weight.device if device is None else device
     return [layer.mixer.allocate_state(batch_size, device) for layer in self.layers]
 
-
+# %% ../nbs/03_model.ipynb #3cdf9418-1
 def _restart_rows(states: List[SSDState], rows: torch.Tensor) -> List[SSDState]:
     "Each layer's state with the batch rows `rows` (b,) bool set to the empty (zero) state."
     zero = lambda t: t.masked_fill(rows.view(-1, *(1,) * (t.dim() - 1)), 0)
     return [SSDState(*(zero(t) for t in s)) for s in states]
 
-
+# %% ../nbs/03_model.ipynb #3cdf9418-2
 @patch
 def pieces(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[torch.Tensor] = None,
            prefill_chunk: Optional[int] = None):
@@ -330,7 +350,6 @@ def pieces(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[t
                                    seq_idx=None if seq_idx is None else seq_idx[:, s:s + L])
         yield s, h, states
 
-
 # %% ../nbs/03_model.ipynb #c2d0a011
 @patch
 @torch.no_grad()
@@ -347,7 +366,7 @@ def prefill(self: Mamba3Transformer, input_ids: torch.Tensor, seq_idx: Optional[
     cache = [SSDState(*(own(t, d) for t, d in zip(s, z))) for s, z in zip(states, like)]   # own storage: no view into activations
     return self.lm_head(h[:, -1]), cache
 
-
+# %% ../nbs/03_model.ipynb #c2d0a011-1
 @patch
 @torch.no_grad()
 def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState],
@@ -355,8 +374,8 @@ def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState]
     "token_ids (b,) -> logits (b,V); `cache` is advanced in place. reset (b,) bool: rows whose token starts a document."
     _check_ids("token_ids", token_ids, 1)
     require(len(cache) == len(self.layers), "cache", f"expected {len(self.layers)} layer states, got {len(cache)}")
-    w = self.embed.weight
-    head = step_constants(self, (w,), w.t)           # the tied head's product, as `lm_head`'s
+    w, hw = self.embed.weight, self.lm_head.weight
+    head = step_constants(self, (hw,), hw.t)         # the head's product, as `lm_head`'s (tied: the embedding)
     with torch.inference_mode():   # the layers' many small ops skip view and version tracking; the cache is written in
         x = w.index_select(0, token_ids)            # place (allowed on normal tensors) and the logits below are a normal tensor
         x = x if x.dtype == _residual_dtype(x) else x.to(_residual_dtype(x))
@@ -365,7 +384,6 @@ def step(self: Mamba3Transformer, token_ids: torch.Tensor, cache: List[SSDState]
             for dst, src in zip(state, new):
                 if dst is not src: dst.copy_(src)    # (the fused step advances the cache's own tensors)
     return torch.mm(self.norm_f.step(x), head)
-
 
 # %% ../nbs/03_model.ipynb #e1305415
 def _check_sampling(temperature, top_k, top_p):
@@ -376,7 +394,7 @@ def _check_sampling(temperature, top_k, top_p):
     require(top_p is None or (isinstance(top_p, (int, float)) and 0 < top_p <= 1), "top_p",
              f"expected None or a number in (0, 1], got {top_p!r}")
 
-
+# %% ../nbs/03_model.ipynb #e1305415-1
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
                 top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     "logits (b,V) -> token ids (b,) by greedy / temperature / top-k / nucleus sampling."
@@ -415,36 +433,43 @@ class StaticDecoder:
         self.out, self.count = zeros(batch_size, max_new_tokens), zeros(1)   # new tokens, columns written
         self.graph = self._capture() if cuda_graph and dev.type == "cuda" else None
 
-    def _emit(self, logits: torch.Tensor):
-        "Draw from logits (b,V) (finished rows: eos_id), write the tokens as column `count`; they are fed next."
-        nxt = sample_next(logits, *self.sampling, generator=self.generator)
-        if self.eos_id is not None:
-            nxt = torch.where(self.finished, torch.full_like(nxt, self.eos_id), nxt)
-            self.finished |= nxt == self.eos_id
-        self.out.index_copy_(1, self.count, nxt[:, None])
-        self.count += 1
-        if self.reset_after is not None: self.prev.copy_(self.token)   # (only a reset reads it)
-        self.token.copy_(nxt)
+# %% ../nbs/03_model.ipynb #c2d0a002-1
+@patch
+def _emit(self: StaticDecoder, logits: torch.Tensor):
+    "Draw from logits (b,V) (finished rows: eos_id), write the tokens as column `count`; they are fed next."
+    nxt = sample_next(logits, *self.sampling, generator=self.generator)
+    if self.eos_id is not None:
+        nxt = torch.where(self.finished, torch.full_like(nxt, self.eos_id), nxt)
+        self.finished |= nxt == self.eos_id
+    self.out.index_copy_(1, self.count, nxt[:, None])
+    self.count += 1
+    if self.reset_after is not None: self.prev.copy_(self.token)   # (only a reset reads it)
+    self.token.copy_(nxt)
 
-    def _step(self):
-        "One token: the model's step (a row whose last token was `reset_after` starts a new document), then `_emit`."
-        reset = None if self.reset_after is None else self.prev == self.reset_after
-        self._emit(self.model.step(self.token, self.cache, reset))
+# %% ../nbs/03_model.ipynb #c2d0a002-2
+@patch
+def _step(self: StaticDecoder):
+    "One token: the model's step (a row whose last token was `reset_after` starts a new document), then `_emit`."
+    reset = None if self.reset_after is None else self.prev == self.reset_after
+    self._emit(self.model.step(self.token, self.cache, reset))
 
-    def start(self, cache: List[SSDState], last_tokens: torch.Tensor, logits: torch.Tensor):
-        "Load a prefilled cache and the prompts' last tokens (b,), and emit the first new tokens from the prefill's logits."
-        for dst, src in zip(self.cache, cache):
-            for d, s in zip(dst, src): d.copy_(s)
-        self.token.copy_(last_tokens)
-        self.finished.zero_()
-        self.count.zero_()
-        self._emit(logits)
+# %% ../nbs/03_model.ipynb #c2d0a002-3
+@patch
+def start(self: StaticDecoder, cache: List[SSDState], last_tokens: torch.Tensor, logits: torch.Tensor):
+    "Load a prefilled cache and the prompts' last tokens (b,), and emit the first new tokens from the prefill's logits."
+    for dst, src in zip(self.cache, cache):
+        for d, s in zip(dst, src): d.copy_(s)
+    self.token.copy_(last_tokens)
+    self.finished.zero_()
+    self.count.zero_()
+    self._emit(logits)
 
-    def advance(self):
-        "One decode step: the captured graph replayed, or `_step` run."
-        if self.graph is None: self._step()
-        else: self.graph.replay()
-
+# %% ../nbs/03_model.ipynb #c2d0a002-4
+@patch
+def advance(self: StaticDecoder):
+    "One decode step: the captured graph replayed, or `_step` run."
+    if self.graph is None: self._step()
+    else: self.graph.replay()
 
 # %% ../nbs/03_model.ipynb #c2d0a012
 @patch
@@ -466,7 +491,7 @@ def decode(self: StaticDecoder, steps: int, stop: Optional[Callable] = None) -> 
         self.advance()
     return stopped
 
-
+# %% ../nbs/03_model.ipynb #c2d0a012-1
 @patch
 def _capture(self: StaticDecoder) -> "torch.cuda.CUDAGraph":
     """`_step` captured into a CUDA graph, after one warm-up run on a side stream (the kernels compile, the step's
@@ -484,7 +509,6 @@ def _capture(self: StaticDecoder) -> "torch.cuda.CUDAGraph":
     if rng is not None: self.generator.set_state(rng)
     return graph
 
-
 # %% ../nbs/03_model.ipynb #9f2d6b40
 def _left_padded(prompts: Sequence, device) -> tuple:
     """A list of b prompts (sequences or 1-D tensors of token ids, any lengths >= 1) -> (ids (b,T) long, left-padded
@@ -496,7 +520,7 @@ def _left_padded(prompts: Sequence, device) -> tuple:
     for i, r in enumerate(rows): ids[i, T - len(r):] = r
     return ids.to(device), torch.tensor([T - len(r) for r in rows], device=device)
 
-
+# %% ../nbs/03_model.ipynb #9f2d6b40-1
 def _finished_at(new: torch.Tensor, eos_id: Optional[int], stopped: dict) -> list:
     "Each row's column of new (b,n) where it finished (its first eos_id, or where `stop` said so), or None."
     out = []
@@ -505,6 +529,47 @@ def _finished_at(new: torch.Tensor, eos_id: Optional[int], stopped: dict) -> lis
         out.append(min(ends) if ends else None)
     return out
 
+# %% ../nbs/03_model.ipynb #gen03-ids
+def _prompt_ids(input_ids: Union[torch.Tensor, Sequence], device) -> tuple:
+    "(ids (b,T0) long, starts (b,) or None): a list of prompts left-padded (`_left_padded`), or a checked (b,T0) tensor."
+    if isinstance(input_ids, (list, tuple)):
+        return _left_padded(input_ids, device)
+    _check_ids("input_ids", input_ids, 2)
+    require(input_ids.shape[1] >= 1, "input_ids", "prompts must hold at least one token")
+    return input_ids.long(), None
+
+# %% ../nbs/03_model.ipynb #gen03-docs
+def _prompt_docs(ids: torch.Tensor, starts: Optional[torch.Tensor], reset_after: Optional[int]) -> Optional[torch.Tensor]:
+    "seq_idx (b,T0) for the prefill: documents split after each `reset_after`, the left padding a document of its own."
+    docs = None if reset_after is None else seq_idx_from_eos(ids, reset_after)
+    if starts is not None and bool((starts > 0).any()):   # the padding: a document of its own, before each prompt
+        first = (torch.arange(ids.shape[1], device=ids.device) >= starts[:, None]).long()
+        docs = first if docs is None else docs + first
+    return docs
+
+# %% ../nbs/03_model.ipynb #gen03-decode
+@patch
+def _decode_new(self: Mamba3Transformer, ids: torch.Tensor, docs, n_new: int, sampling: tuple, eos_id, reset_after,
+                generator, cuda_graph: bool, prefill_chunk, stop) -> tuple:
+    "Prefill `ids` (b,T0), then up to `n_new` tokens on a `StaticDecoder`: (new ids (b,n), each row's finishing column or None)."
+    dec = StaticDecoder(self, ids.shape[0], n_new, *sampling, eos_id, reset_after, generator, cuda_graph)
+    with torch.inference_mode():          # no autograd bookkeeping per op (the decoder's buffers are ordinary tensors)
+        logits, cache = self.prefill(ids, seq_idx=docs, prefill_chunk=prefill_chunk)
+        dec.start(cache, ids[:, -1], logits)
+        del logits, cache
+        stopped = dec.decode(n_new - 1, stop)
+    out = dec.out[:, :int(dec.count)]
+    return out, _finished_at(out, eos_id, stopped)
+
+# %% ../nbs/03_model.ipynb #gen03-with
+def _with_prompts(ids: torch.Tensor, starts: Optional[torch.Tensor], new: torch.Tensor, ends: list):
+    """Each prompt with its new tokens (b,n): equal-length prompts -> (b, T0+n), cut once every row has finished; a
+    list of prompts (`starts`: their first columns) -> a list of 1-D tensors, each cut after its own end."""
+    n = new.shape[1]
+    if starts is None:
+        if all(e is not None for e in ends): new = new[:, :max(ends) + 1]   # the columns until every row has finished
+        return torch.cat((ids, new), 1)
+    return [torch.cat((ids[i, int(starts[i]):], new[i, :n if e is None else e + 1])) for i, e in enumerate(ends)]
 
 # %% ../nbs/03_model.ipynb #c2d0a013
 @patch
@@ -518,25 +583,13 @@ def generate(self: Mamba3Transformer, input_ids: Union[torch.Tensor, Sequence], 
     list of b prompts of any lengths -> a list of b 1-D long tensors, each its prompt and its new tokens up to its
     first eos_id (or the token after which `stop(new ids)` returned True). prefill_chunk: prefill in pieces of at most
     that many tokens. cuda_graph: on a CUDA device, each step a replay of one CUDA graph (False: run op by op)."""
-    ragged = isinstance(input_ids, (list, tuple))
-    if ragged:
-        ids, starts = _left_padded(input_ids, self.embed.weight.device)
-    else:
-        _check_ids("input_ids", input_ids, 2)
-        require(input_ids.shape[1] >= 1, "input_ids", "prompts must hold at least one token")
-        ids, starts = input_ids.long(), None
+    ids, starts = _prompt_ids(input_ids, self.embed.weight.device)
     require(isinstance(max_new_tokens, int) and max_new_tokens >= 0, "max_new_tokens",
              f"expected an int >= 0, got {max_new_tokens!r}")
     require(seed is None or generator is None, "generator", "give a seed or a generator, not both")
-    b, T0 = ids.shape
-    prompts = (lambda new, ends: [torch.cat((ids[i, int(starts[i]):], new[i, :n])) for i, n in enumerate(ends)]) if ragged \
-        else (lambda new, ends: torch.cat((ids, new), 1))
     if max_new_tokens == 0:
-        return prompts(ids[:, :0], [0] * b)
-    docs = None if reset_after is None else seq_idx_from_eos(ids, reset_after)
-    if ragged and bool((starts > 0).any()):               # the padding: a document of its own, before each prompt
-        first = (torch.arange(T0, device=ids.device) >= starts[:, None]).long()
-        docs = first if docs is None else docs + first
+        return _with_prompts(ids, starts, ids[:, :0], [None] * ids.shape[0])
+    docs = _prompt_docs(ids, starts, reset_after)
     if seed is not None:
         generator = torch.Generator(device=ids.device).manual_seed(seed)
     sampling = (temperature, top_k, top_p)
@@ -545,19 +598,9 @@ def generate(self: Mamba3Transformer, input_ids: Union[torch.Tensor, Sequence], 
     self.eval()
     clear_step_constants(self)                # the step's constants: made once for this call, from the current weights
     try:
-        dec = StaticDecoder(self, b, max_new_tokens, *sampling, eos_id, reset_after, generator, cuda_graph)
-        with torch.inference_mode():          # no autograd bookkeeping per op (the decoder's buffers are ordinary tensors)
-            logits, cache = self.prefill(ids, seq_idx=docs, prefill_chunk=prefill_chunk)
-            dec.start(cache, ids[:, -1], logits)
-            del logits, cache
-            stopped = dec.decode(max_new_tokens - 1, stop)
-        n = int(dec.count)
-        out = dec.out[:, :n]
-        ends = _finished_at(out, eos_id, stopped)
-        if not ragged and all(e is not None for e in ends):
-            out = out[:, :max(ends) + 1]      # the columns until every row has finished
-        return prompts(out, [n if e is None else e + 1 for e in ends])
+        new, ends = self._decode_new(ids, docs, max_new_tokens, sampling, eos_id, reset_after, generator, cuda_graph,
+                                     prefill_chunk, stop)
+        return _with_prompts(ids, starts, new, ends)
     finally:
         clear_step_constants(self)            # (they would keep the weights alive past a later `.to()`)
         self.train(was_training)
-

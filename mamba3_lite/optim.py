@@ -13,7 +13,7 @@ import torch
 from .config import LoopConfig
 
 # %% auto #0
-__all__ = ['build_optimizer', 'lr_factor', 'build_scheduler']
+__all__ = ['SCHEDULE_KEYS', 'build_optimizer', 'lr_factor', 'schedule_fn', 'build_scheduler', 'continued', 'resumed_schedule']
 
 # %% ../nbs/10b_optim.ipynb #da02c80b
 def build_optimizer(model: torch.nn.Module, t: LoopConfig) -> torch.optim.AdamW:
@@ -30,8 +30,12 @@ def build_optimizer(model: torch.nn.Module, t: LoopConfig) -> torch.optim.AdamW:
 
 # %% ../nbs/10b_optim.ipynb #e07a24cb
 def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float,
-              schedule: str = "cosine", wsd_decay_frac: float = 0.2, wsd_decay_shape: str = "linear") -> float:
-    "Multiplier on the peak lr after `step` optimizer steps."
+              schedule: str = "cosine", wsd_decay_frac: float = 0.2, wsd_decay_shape: str = "linear",
+              continue_from=None) -> float:
+    "Multiplier on the peak lr after `step` optimizer steps; `continue_from` (s0, f0): from step s0 on, `continued` (section 3)."
+    if continue_from is not None and step >= continue_from[0]:
+        return continued(step, *continue_from, max_steps=max_steps, min_lr_ratio=min_lr_ratio, schedule=schedule,
+                         wsd_decay_shape=wsd_decay_shape)
     if step < warmup_steps:
         return 0.01 + 0.99 * step / warmup_steps
     if schedule == "cosine":
@@ -50,9 +54,42 @@ def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: flo
     raise ValueError(f"lr schedule must be 'cosine' or 'wsd', got {schedule!r}")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, t: LoopConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    "LambdaLR over `lr_factor` with the loop config's schedule."
-    fn = functools.partial(lr_factor, warmup_steps=t.warmup_steps, max_steps=t.max_steps,
-                           min_lr_ratio=t.min_lr_ratio, schedule=t.lr_schedule,
-                           wsd_decay_frac=t.wsd_decay_frac, wsd_decay_shape=t.wsd_decay_shape)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+SCHEDULE_KEYS = ("warmup_steps", "max_steps", "min_lr_ratio", "lr_schedule", "wsd_decay_frac", "wsd_decay_shape")
+
+
+def schedule_fn(t, continue_from=None):
+    "`lr_factor` with the schedule of `t` (a LoopConfig, or the `training` dict of a checkpoint's config) bound."
+    t = t if isinstance(t, dict) else {k: getattr(t, k) for k in SCHEDULE_KEYS}
+    return functools.partial(lr_factor, warmup_steps=t["warmup_steps"], max_steps=t["max_steps"], min_lr_ratio=t["min_lr_ratio"],
+                             schedule=t["lr_schedule"], wsd_decay_frac=t["wsd_decay_frac"], wsd_decay_shape=t["wsd_decay_shape"],
+                             continue_from=None if continue_from is None else tuple(continue_from))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, t: LoopConfig, continue_from=None) -> torch.optim.lr_scheduler.LambdaLR:
+    "LambdaLR over `lr_factor` with the loop config's schedule (and a resumed run's `continue_from`)."
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_fn(t, continue_from))
+
+# %% ../nbs/10b_optim.ipynb #7a01dc3f
+def continued(step: int, s0: int, f0: float, *, max_steps: int, min_lr_ratio: float, schedule: str = "cosine",
+              wsd_decay_shape: str = "linear") -> float:
+    "The multiplier `step` steps in when a resumed run continues from f0 at step s0 down to `min_lr_ratio` at `max_steps`."
+    p = min(1.0, (step - s0) / max(1, max_steps - s0))
+    shape = 0.5 * (1 + math.cos(math.pi * p)) if schedule == "cosine" else \
+        {"linear": 1 - p, "cosine": 0.5 * (1 + math.cos(math.pi * p)), "sqrt": math.sqrt(1 - p)}[wsd_decay_shape]
+    return min_lr_ratio + (f0 - min_lr_ratio) * shape
+
+
+def resumed_schedule(old: dict, old_from, new: LoopConfig, step: int, rescale: bool = False):
+    """(`continue_from` for a run resumed at `step` whose schedule changed from `old` — a checkpoint's `training` dict and
+    its own `continue_from` — to `new`, one line saying what the learning rate does, or None when nothing changed)."""
+    if all(old.get(k) == getattr(new, k) for k in SCHEDULE_KEYS): return old_from, None
+    f0, plain = schedule_fn(old, old_from)(step), schedule_fn(new)(step)
+    changed = ", ".join(f"{k} {old.get(k)} -> {getattr(new, k)}" for k in SCHEDULE_KEYS if old.get(k) != getattr(new, k))
+    if rescale:
+        return None, (f"[schedule] {changed}: rebuilt for the new length (--rescale-schedule): the lr goes from "
+                      f"{new.lr * f0:.2e} to {new.lr * plain:.2e} at step {step}")
+    cont = None if math.isclose(f0, plain, rel_tol=1e-9) else (step, f0)
+    how = ("the new schedule agrees with the old one here" if cont is None else
+           f"continuing from it down to {new.lr * new.min_lr_ratio:.2e} at step {new.max_steps}")
+    return cont, (f"[schedule] {changed}: the lr stays {new.lr * f0:.2e} at step {step}, {how} "
+                  f"(--rescale-schedule would rebuild it: {new.lr * plain:.2e} at step {step})")

@@ -60,6 +60,7 @@ def _mm(a, b, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
     "a @ b with both operands cast to DOT_DTYPE, fp32 accumulation."
     return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), input_precision=PREC)
 
+# %% ../nbs/01_ssd_triton.ipynb #d05fa690
 @triton.jit
 def _load_pairs(ptr, lrow, mt, N: tl.constexpr, NH: tl.constexpr):
     """The first NH (even, odd) column pairs of the rows `lrow` (row stride N, valid where `mt`) of `ptr`, as (L, NH) fp32
@@ -75,6 +76,7 @@ def _load_pairs(ptr, lrow, mt, N: tl.constexpr, NH: tl.constexpr):
         o = tl.load(ptr + lrow[:, None] * N + 2 * j[None, :] + 1, mask=m2, other=0.).to(tl.float32)
     return e, o
 
+# %% ../nbs/01_ssd_triton.ipynb #ca0993bd
 @triton.jit
 def _store_pairs(ptr, lrow, mt, e, o, N: tl.constexpr, NH: tl.constexpr):
     "Store (L, NH) even/odd tiles as the first NH column pairs of the rows `lrow` of `ptr`: the inverse of `_load_pairs`."
@@ -88,6 +90,7 @@ def _store_pairs(ptr, lrow, mt, e, o, N: tl.constexpr, NH: tl.constexpr):
         tl.store(ptr + lrow[:, None] * N + 2 * j[None, :], e.to(ptr.dtype.element_ty), mask=m2)
         tl.store(ptr + lrow[:, None] * N + 2 * j[None, :] + 1, o.to(ptr.dtype.element_ty), mask=m2)
 
+# %% ../nbs/01_ssd_triton.ipynb #249c1cfb
 @triton.jit
 def _add_bias(e, o, bias_ptr, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
     "Head `ih`'s bias added to (L, NH) even/odd tiles of B or C (padding rows stay 0)."
@@ -98,12 +101,12 @@ def _add_bias(e, o, bias_ptr, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIA
         o = tl.where(mt[:, None], o + bo, 0.)
     return e, o
 
+# %% ../nbs/01_ssd_triton.ipynb #aeae001e
 @triton.jit
 def _load_bc(ptr, bias_ptr, lrow, ih, mt, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
     "`_load_pairs` of B or C plus head `ih`'s bias (padding rows stay 0)."
     e, o = _load_pairs(ptr, lrow, mt, N, NH)
     return _add_bias(e, o, bias_ptr, ih, mt, N, NH, HAS_BIAS)
-
 
 # %% ../nbs/01_ssd_triton.ipynb #f6220572
 @triton.jit
@@ -111,6 +114,7 @@ def _max(a, b):
     "Combine of a running maximum."
     return tl.maximum(a, b)
 
+# %% ../nbs/01_ssd_triton.ipynb #53c66642
 @triton.jit
 def _doc_bounds(rst_ptr, rrow, t, mt, L: tl.constexpr):
     """Documents inside one chunk, from the start flags at `rst_ptr + rrow` (t = arange(L)): st (L,), where each token's
@@ -120,16 +124,19 @@ def _doc_bounds(rst_ptr, rrow, t, mt, L: tl.constexpr):
     st = tl.associative_scan(tl.where(rs != 0, t, -1), 0, _max)
     return st, tl.min(tl.where(rs != 0, t, L), axis=0), tl.max(st, axis=0)
 
+# %% ../nbs/01_ssd_triton.ipynb #94bb10c1
 @triton.jit
 def _seg_add(v1, f1, v2, f2):
     "Combine of a segmented sum: a flag on the right operand (a segment's first element) drops what came before."
     return tl.where(f2 != 0, v2, v1 + v2), f1 | f2
 
+# %% ../nbs/01_ssd_triton.ipynb #e97627ca
 @triton.jit
 def _load_omega(om_ptr, orow, mt, j, S):
     "The angle rates ω of one chunk's (L, N/2) pair tiles, from the rows `orow` of `om_ptr` (row stride S); 0 for j >= S."
     return tl.load(om_ptr + orow[:, None] * S + j[None, :], mask=mt[:, None] & (j < S)[None, :], other=0.)
 
+# %% ../nbs/01_ssd_triton.ipynb #71b80efe
 @triton.jit
 def _angles(om, dt, phi_in, t, st, first, HAS_RST: tl.constexpr):
     """Angles Φ of one chunk's (L, N/2) pair tiles: the fp32 carry `phi_in` plus the in-chunk cumsum of δ = Δ·ω, wrapped.
@@ -140,6 +147,7 @@ def _angles(om, dt, phi_in, t, st, first, HAS_RST: tl.constexpr):
         return _wrap(tl.where((t < first)[:, None], phi_in[None, :], 0.) + cum)
     return _wrap(phi_in[None, :] + tl.cumsum(dt[:, None] * om, axis=0))
 
+# %% ../nbs/01_ssd_triton.ipynb #33f835e0
 @triton.jit
 def _chunk_angles(om_ptr, dt_ptr, row, orow, mt, j, phi_in, S, t, st, first, HAS_RST: tl.constexpr):
     """`_angles` of one chunk, ω from the rows `orow` of `om_ptr` (`_load_omega`) and Δ from `row` of `dt_ptr`; also Δ (L,)
@@ -148,21 +156,20 @@ def _chunk_angles(om_ptr, dt_ptr, row, orow, mt, j, phi_in, S, t, st, first, HAS
     dt = tl.load(dt_ptr + row, mask=mt, other=0.)
     return _angles(om, dt, phi_in, t, st, first, HAS_RST), dt, om
 
+# %% ../nbs/01_ssd_triton.ipynb #6c10a386
 @triton.jit
 def _rotate(e, o, cs, sn):
     "Rotate each (even, odd) pair by its angle: (e cos Φ - o sin Φ, e sin Φ + o cos Φ)."
     return e * cs - o * sn, e * sn + o * cs
 
 # %% ../nbs/01_ssd_triton.ipynb #c0a7e3f1
-# the annotation `NC: constexpr` of the chunk count that bounds the `tl.range` chunk loops: a runtime int when compiled
-# (no annotation), a constant under the interpreter, whose Triton 3.6 otherwise hands the loop a 1-element array that
-# range() cannot take with numpy >= 2.5; that interpreter reads the annotation's source text, so it is spelled so
+# a runtime count that bounds a `tl.range` loop (chunks NC, heads H, groups G): a runtime int when compiled, a
+# constant under the interpreter (the notebook's "Implementation notes" say why)
 constexpr = tl.constexpr if _INTERPRET else None
-
 
 # %% ../nbs/01_ssd_triton.ipynb #c4a1e002
 @triton.jit
-def _ssd_carry_kernel(turn_ptr, starts_ptr, phi0_ptr, phis_ptr, phit_ptr, H, S, NC, CB: tl.constexpr, SP: tl.constexpr,
+def _ssd_carry_kernel(turn_ptr, starts_ptr, phi0_ptr, phis_ptr, phit_ptr, H, S, NC: constexpr, CB: tl.constexpr, SP: tl.constexpr,
                       HAS_RST: tl.constexpr):
     """The angle carry into every chunk of one (batch, head), from the chunks' turns (`_ssd_scalars_kernel`): Φ₀ plus
     the turns of the chunks before, restarting after a chunk that holds a document start (from that chunk's own turn,
@@ -187,6 +194,7 @@ def _ssd_carry_kernel(turn_ptr, starts_ptr, phi0_ptr, phis_ptr, phit_ptr, H, S, 
         tl.store(phit_ptr + bh * S + s[None, :] + 0 * c[:, None], _carry_f32(carry), mask=(c == NC)[:, None] & ms[None, :])
         run = tl.sum(tl.where((cc == CB - 1)[:, None], carry, 0.), axis=0)   # into the next block's first chunk
 
+# %% ../nbs/01_ssd_triton.ipynb #9b66f078
 def _carry_block(NC):
     "Chunks a program of the angle-carry kernels scans at a time: all of them (and the final angle) up to 64."
     return min(triton.next_power_of_2(NC + 1), 64)
@@ -251,6 +259,7 @@ def _ssd_rotate_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, r
                      h0 + hh, hh, j0, t, j, hr, mt, st, first, T, H, S, NC, OM_H, om_hs, L, N, JB, OM_SHARED, HAS_THETA,
                      HAS_BIAS, HAS_RST)
 
+# %% ../nbs/01_ssd_triton.ipynb #5f31a811
 def _rotate_tiles(N, HG, dtype=torch.bfloat16):
     """(HB, JB) of the rotation kernel for groups of HG heads: HB heads a program, JB pairs a block. A program takes
     every head of its group (it reads the group's B, C columns once) and a block of at most 32 pairs (what its angle
@@ -266,6 +275,7 @@ def _weights(t, a2, sig, gam):
     w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.) * sig[None, :]
     return tl.where(t[:, None] == t[None, :], gam[:, None], w)
 
+# %% ../nbs/01_ssd_triton.ipynb #718b6fdc
 @triton.jit
 def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, rst_ptr, y_ptr, ht_ptr, hs_ptr,
                     T, H, NC: constexpr, sxb, sxt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
@@ -329,6 +339,7 @@ def _diag(g, t):
     "The diagonal of an (L, L) tile, (L,): for G = C̃ B̃ᵀ, C̃_t·B̃_t = C_t·B_t, the rotation-invariant diagonal term."
     return tl.sum(tl.where(t[:, None] == t[None, :], g, 0.), axis=1)
 
+# %% ../nbs/01_ssd_triton.ipynb #e394b23a
 @triton.jit
 def _gram(a_ptr, b_ptr, bco, mt, L: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
     "A Bᵀ of one chunk's (L, N) tiles at `a_ptr`, `b_ptr` (dot dtype), (L, L) fp32, summed over tiles of BN state columns."
@@ -340,6 +351,7 @@ def _gram(a_ptr, b_ptr, bco, mt, L: tl.constexpr, N: tl.constexpr, BN: tl.conste
         g = tl.dot(a, tl.trans(b), acc=g, input_precision=PREC)
     return g
 
+# %% ../nbs/01_ssd_triton.ipynb #f748a0fd
 @triton.jit
 def _read_state(ct_ptr, hs_ptr, bco, sto, mt, L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
@@ -468,6 +480,7 @@ def _mask_t(t, st, a2, HAS_RST: tl.constexpr):
         wt = tl.where(t[:, None] >= st[None, :], wt, 0.)
     return wt
 
+# %% ../nbs/01_ssd_triton.ipynb #f06c3df5
 @triton.jit
 def _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, x, dy, wk, ea, gd, L: tl.constexpr,
                P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -615,6 +628,7 @@ def _add_token_sums(acc, g, mine):
     "Row `mine` of the (heads, NH) `acc` plus the sum of the (L, NH) `g` over the tokens: a head's bias gradient."
     return tl.where(mine, acc + tl.sum(g, axis=0)[None, :], acc)
 
+# %% ../nbs/01_ssd_triton.ipynb #61187a87
 @triton.jit
 def _bias_tiles(bb_ptr, cb_ptr, hrow, hm, like, N: tl.constexpr, NH: tl.constexpr, HAS_BIAS: tl.constexpr):
     "The (heads, NH) even/odd bias pairs of B, then C, of the rows `hrow` (valid where `hm`); `like` without biases."
@@ -624,6 +638,7 @@ def _bias_tiles(bb_ptr, cb_ptr, hrow, hm, like, N: tl.constexpr, NH: tl.constexp
         cbe, cbo = _load_pairs(cb_ptr, hrow, hm, N, NH)
     return bbe, bbo, cbe, cbo
 
+# %% ../nbs/01_ssd_triton.ipynb #fdcbacc6
 @triton.jit
 def _head_bias(e, o, be, bo, mine, mt, HAS_BIAS: tl.constexpr):
     "(L, NH) even/odd tiles plus row `mine` of the heads' bias pairs `be`, `bo` (padding rows stay 0)."
@@ -632,6 +647,7 @@ def _head_bias(e, o, be, bo, mine, mt, HAS_BIAS: tl.constexpr):
         o = tl.where(mt[:, None], o + tl.sum(tl.where(mine, bo, 0.), axis=0)[None, :], 0.)
     return e, o
 
+# %% ../nbs/01_ssd_triton.ipynb #fb8718d6
 @triton.jit
 def _angle_head(b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dt, phis_ptr, gb_ptr, gc_ptr, ddt_ptr, du_ptr,
                 ib, ih, c, t0, t, j, jb, mt, st, first, ends, mine, H, S, NC, NJA,
@@ -734,13 +750,14 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         _store_pairs(pbb_ptr, prow, hr < HG, sbe, sbo, N, NH)
         _store_pairs(pcb_ptr, prow, hr < HG, sce, sco, N, NH)
 
+# %% ../nbs/01_ssd_triton.ipynb #08921e89
 def _angle_pairs(N):
     "Pairs a program of the angle backward takes: at most 32 (what fits in registers), a block of N/2 = 64 in two."
     return min(32, max(N // 2, 16))
 
 # %% ../nbs/01_ssd_triton.ipynb #c4a1e005
 @triton.jit
-def _ssd_bwd_carry_kernel(du_ptr, starts_ptr, dphit_ptr, dturn_ptr, dphi0_ptr, H, S, NC, CB: tl.constexpr,
+def _ssd_bwd_carry_kernel(du_ptr, starts_ptr, dphit_ptr, dturn_ptr, dphi0_ptr, H, S, NC: constexpr, CB: tl.constexpr,
                           SP: tl.constexpr, HAS_RST: tl.constexpr):
     """The backward of `_ssd_carry_kernel` for one (batch, head): with G_c the gradient of the carry into chunk
     c, G_c = u_c + [no document start in chunk c] G_{c+1} and G_NC = dL/dΦ_T, where u_c is what chunk c's first document
@@ -752,9 +769,8 @@ def _ssd_bwd_carry_kernel(du_ptr, starts_ptr, dphit_ptr, dturn_ptr, dphi0_ptr, H
     cc = tl.arange(0, CB)
     run = tl.load(dphit_ptr + bh * S + s, mask=ms, other=0.)                 # G_NC
     tl.store(dturn_ptr + (bh * NC + NC - 1) * S + s, run, mask=ms)            # the last chunk's turn reaches Φ_T
-    NB = tl.cdiv(NC, CB)
-    for i in tl.range(0, NB):
-        c = (NB - 1 - i) * CB + cc
+    for i in tl.range(0, (NC + CB - 1) // CB):     # blocks of CB chunks, last first (inline: a local is a tensor
+        c = ((NC - 1) // CB - i) * CB + cc         # under Triton 3.6's interpreter, and range() cannot take it)
         mc = c < NC
         u = tl.load(du_ptr + (bh * NC + c)[:, None] * S + s[None, :], mask=mc[:, None] & ms[None, :], other=0.)
         if HAS_RST:
@@ -787,6 +803,7 @@ for _arch_cfg in _DEFAULT_CONFIG.values():
 # no restarts); at one it spills none
 if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7): _DEFAULT_CONFIG[90]["fwd"]["num_stages"] = 1
 
+# %% ../nbs/01_ssd_triton.ipynb #3976129c
 # fp32 inputs: ieee dots on the FMA units hold whole operand rows per thread; at chunks of 32 or 64 tokens the
 # (L, L) products spill thousands of bytes on both arches, at 16 they fit. So fp32 runs at chunks of at most
 # FP32_CHUNK tokens, with its own configs: the forward as two launches (8 warps, 64-column tiles), the chunk
@@ -795,10 +812,12 @@ FP32_CHUNK = 16
 _FP32_CONFIG = {80: dict(fwd=dict(num_warps=8, BN=64), bwd_chunk=dict(BN=32), bwd_angle=dict(num_warps=16)),
                 90: dict(fwd=dict(num_warps=8, BN=64, split=True), bwd_chunk=dict(BN=32), bwd_angle=dict(num_warps=16))}
 
+# %% ../nbs/01_ssd_triton.ipynb #b373009b
 def kernel_chunk(chunk_size, dtype=torch.bfloat16):
     "The chunk the kernels run at for inputs of `dtype`: chunk_size, but at most FP32_CHUNK tokens for fp32."
     return min(chunk_size, FP32_CHUNK) if dtype == torch.float32 else chunk_size
 
+# %% ../nbs/01_ssd_triton.ipynb #5f70818e
 def default_config(kind, arch=90, N=128, dtype=torch.bfloat16):
     """Launch config of kernel `kind` on compute capability `arch` (80: A100, 90: H100/H200 and later), d_state N and
     input dtype (fp32 has its own, at its `kernel_chunk`): num_warps, num_stages and, for fwd and bwd_chunk, whether
@@ -810,6 +829,7 @@ def default_config(kind, arch=90, N=128, dtype=torch.bfloat16):
     if "BN" in cfg: cfg["BN"] = min(cfg["BN"], N)
     return cfg
 
+# %% ../nbs/01_ssd_triton.ipynb #52bcf5de
 def _env_int(name):
     "Integer value of env var `name`, or None when unset."
     raw = os.environ.get(name)
@@ -817,6 +837,7 @@ def _env_int(name):
     try: return int(raw)
     except ValueError: raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
 
+# %% ../nbs/01_ssd_triton.ipynb #e76cc21d
 _OVERRIDES = (("num_warps", "TRITON_PER_CHUNK_NUM_WARPS"), ("num_stages", "TRITON_PER_CHUNK_NUM_STAGES"))
 
 def _arch():
@@ -824,6 +845,7 @@ def _arch():
     major, minor = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
     return 10 * major + minor
 
+# %% ../nbs/01_ssd_triton.ipynb #402fcea8
 def _launch_config(kind, N=128, dtype=torch.bfloat16):
     "`default_config` of kernel `kind` on this GPU (sm_90 without one), after the TRITON_PER_CHUNK_* overrides."
     cfg = default_config(kind, _arch(), N, dtype)
@@ -840,6 +862,7 @@ _AUTOTUNE_MORE = {80: dict(scalars=[], carry=[], rotate=[], fwd=[(8, 1, 16), (4,
                   90: dict(scalars=[], carry=[], rotate=[], fwd=[(8, 1)], bwd_state=[], bwd_chunk=[(8, 1, 32)],
                            bwd_angle=[], bwd_carry=[], bwd_scalars=[])}
 
+# %% ../nbs/01_ssd_triton.ipynb #c1e099c0
 def autotune_configs(kind, arch=90, N=128, dtype=torch.bfloat16):
     """The launch configs `triton.autotune` times for kernel `kind` on `arch` at d_state N: the default first. Their
     keys are those of `default_config` but `split`, which is the arch's alone. No `maxnreg`: torch.compile's Inductor
@@ -854,12 +877,14 @@ def autotune_configs(kind, arch=90, N=128, dtype=torch.bfloat16):
         if cfg not in out: out.append(cfg)
     return out
 
+# %% ../nbs/01_ssd_triton.ipynb #33176bba
 def _autotuned():
     """Whether launches are autotuned: compiled kernels (not the interpreter), unless MAMBA3_LITE_SSD_AUTOTUNE=0 or a
     TRITON_PER_CHUNK_* variable fixes the config."""
     return (not _INTERPRET and os.environ.get("MAMBA3_LITE_SSD_AUTOTUNE", "1") != "0"
             and all(_env_int(env) is None for _, env in _OVERRIDES))
 
+# %% ../nbs/01_ssd_triton.ipynb #4824e998
 @functools.cache
 def _tuner(kernel, kind, arch, N, dtype):
     """`kernel` under `triton.autotune` over `autotune_configs(kind, arch, N, dtype)`, keyed on its constexprs (the chunk
@@ -878,6 +903,7 @@ def _dot_dtype(dtype):
     "tl.dot operand dtype: the input dtype on a GPU; fp32 in the interpreter (its bf16 tl.dot is wrong)."
     return tl.float32 if _INTERPRET else _TL_DTYPES[dtype]
 
+# %% ../nbs/01_ssd_triton.ipynb #8e9ff542
 def _launch(kernel, kind, grid, *args, dtype, **meta):
     """Launch `kernel` with the config of `kind` for inputs of `dtype`, autotuned where `_autotuned()`; `grid` may
     read the config's BN (a function of the launch's meta-parameters). A config that does not fit on the GPU becomes
@@ -894,10 +920,12 @@ def _launch(kernel, kind, grid, *args, dtype, **meta):
         raise ValueError(f"ssd_triton: the {kind} kernel does not fit on this GPU at {dims} ({e}); "
                          f'use a smaller chunk_size, fewer TRITON_PER_CHUNK_NUM_STAGES, or ssd_dispatch="pytorch".') from e
 
+# %% ../nbs/01_ssd_triton.ipynb #a1973487
 def _wrapped(kernel):
     "The kernel as torch.compile traces it (`wrap_triton`); as is under the interpreter, which it cannot trace."
     return kernel if _INTERPRET else wrap_triton(kernel)
 
+# %% ../nbs/01_ssd_triton.ipynb #7fecdcb2
 def _none_if_empty(t):
     "Custom ops return no None: an empty tensor stands for an absent gradient or state."
     return None if t.numel() == 0 else t
@@ -910,9 +938,10 @@ def _tanh64(x):
     e = tl.exp(-2. * tl.abs(x))
     return tl.where(x < 0., -1., 1.) * ((1. - e) / (1. + e))
 
+# %% ../nbs/01_ssd_triton.ipynb #da3e9f98
 @triton.jit
 def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, adt_ptr, gam_ptr, sig_ptr, turn_ptr,
-                        starts_ptr, T, H, S, NC, OM_H, L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr,
+                        starts_ptr, T, H: constexpr, S, NC, OM_H, L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr,
                         HAS_RST: tl.constexpr, HAS_THETA: tl.constexpr, SHARED: tl.constexpr):
     """The per-token scalars of one chunk of one sequence, all H heads ((L, HP) tiles, HP >= H a power of two):
     ΔA (0 at a document start), γ = λΔ and σ_t = γ_t + ε_{t+1}, ε = (1 - λ)Δ (0 at a document start and past the
@@ -972,7 +1001,7 @@ def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, adt_ptr
 # %% ../nbs/01_ssd_triton.ipynb #5c1a7e24
 @triton.jit
 def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, dadt_ptr, dgam_ptr, dsig_ptr, dom_ptr,
-                            ddta_ptr, dturn_ptr, ddt_ptr, da_ptr, dlam_ptr, dth_ptr, T, H, S, NC, OM_H, G, NJA,
+                            ddta_ptr, dturn_ptr, ddt_ptr, da_ptr, dlam_ptr, dth_ptr, T, H: constexpr, S, NC, OM_H, G: constexpr, NJA,
                             L: tl.constexpr, HP: tl.constexpr, SP: tl.constexpr, NJAP: tl.constexpr, HAS_RST: tl.constexpr,
                             HAS_THETA: tl.constexpr, SHARED: tl.constexpr):
     """The backward of `_ssd_scalars_kernel` for one chunk of one sequence: dΔ, dA, dλ from d(ΔA), dγ, dσ, with
@@ -1205,6 +1234,7 @@ def _ssd_setup(ctx, inputs, output):
     ctx.cfg = (chunk_size, precision, h0 is not None, phi0 is not None)
     ctx.set_materialize_grads(False)   # no zero gradients for the outputs only the backward reads (B̃, C̃, states)
 
+# %% ../nbs/01_ssd_triton.ipynb #82460cf1
 def _ssd_backward(ctx, dy, dht, dphit, dkl, *_):
     "The Triton backward; it builds no graph, so a double backward raises instead of silently returning zeros."
     x, B, C, Bb, Cb, Bt, Ct, adt, sig, gam, oms, dt, A, lam, theta, om, D, hs, phis, starts, rst, phit, k_last = ctx.saved_tensors
@@ -1241,6 +1271,7 @@ def _require_cuda(x):
     if x.device.type != "cuda" and not _INTERPRET:
         raise ValueError(f"x: ssd_triton needs CUDA tensors (got {x.device}), or TRITON_INTERPRET=1 set before importing mamba3_lite.ssd_triton")
 
+# %% ../nbs/01_ssd_triton.ipynb #30098ac2
 def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bias, C_bias):
     "ValueError naming the argument for anything the kernel cannot take."
     b, T, H, P = x.shape

@@ -10,7 +10,9 @@ import functools
 import math
 import random
 import signal
+import os
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -22,22 +24,22 @@ import torch
 import torch.distributed as dist
 from fastcore.basics import patch
 
-from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, restore_rng_state
-from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, apply_num_threads,
+from .checkpoint import CheckpointCorruptError, CheckpointManager, CheckpointWarning, capture_rng_state, restore_rng_state
+from .config import (OPTIMIZER_KEYS, ConfigError, LoopConfig, TrainingConfig, apply_num_threads, apply_overrides, check_device, default_run_dir,
                                 build_model_config, check_resume_meta, compile_mode_for, config_changes,
                                 config_to_dict, dry_run_config, refused_changes)
 from .data import dataset_identity, verify_in_background
 from .distributed import (FrozenState, FullModelView, FullOptimState, StopRequest, fsdp_sync,
                                      full_model_state, residual_blocks, setup_distributed, teardown_distributed)
 from .evaluate import autocast_for, evaluate, lm_loss
-from .logger import TrainingLogger, format_eval_line, peak_flops_for, plot_metrics
-from .optim import build_optimizer, build_scheduler
+from .logger import TrainingLogger, eval_coverage, format_duration, format_eval_line, peak_flops_for, plot_metrics
+from .optim import build_optimizer, build_scheduler, resumed_schedule, schedule_fn
 from .streams import make_streams
 from .model import Mamba3Transformer, parameter_breakdown
 
 # %% auto #0
 __all__ = ['MAX_ROLLBACKS_PER_CHECKPOINT', 'StepResult', 'train_step', 'seed_everything', 'keep_freed_memory_in_heap',
-           'Pretrainer', 'TrainingStopped', 'run_training']
+           'Pretrainer', 'UpdateGuard', 'TrainingStopped', 'run_training']
 
 # %% ../nbs/11_train.ipynb #324a5078
 @dataclass
@@ -48,19 +50,15 @@ class StepResult:
     lr: float  # learning rate this step used
     skipped: bool  # True when the NaN guard threw the step away
 
-
+# %% ../nbs/11_train.ipynb #324a5078-1
 def _full(t: torch.Tensor) -> torch.Tensor:
     "A DTensor (FSDP2) reduced to a plain tensor; plain tensors pass through."
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, *,
-               scheduler=None, max_grad_norm: float = 1.0, autocast_dtype=None,
-               sync: Optional[Callable[[bool], Any]] = None) -> StepResult:
-    "One optimizer step over `micro_batches`, a list of `Batch`es of shape (b, T)."
-    if not micro_batches:
-        raise ValueError("train_step needs at least one micro-batch")
-    model.train()
+# %% ../nbs/11_train.ipynb #324a5078-2
+def _accumulate(model: torch.nn.Module, micro_batches, autocast_dtype=None,
+                sync: Optional[Callable[[bool], Any]] = None) -> torch.Tensor:
+    "Forward and backward of each of the n `micro_batches` (`Batch`es of shape (b, T)), its loss / n; the summed loss."
     n = len(micro_batches)
     device = micro_batches[0].x.device
     loss_sum = torch.zeros((), device=device)
@@ -70,20 +68,38 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
                 loss = lm_loss(model, batch).float() / n
             loss.backward()
         loss_sum += loss.detach()
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = _full(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
+    return loss_sum
+
+# %% ../nbs/11_train.ipynb #324a5078-3
+def _reduce_step_stats(loss_sum: torch.Tensor, norm: torch.Tensor) -> tuple:
+    "(the loss averaged over ranks, whether any rank saw a non-finite loss or gradient norm): one all-reduce."
     stats = torch.stack([loss_sum, (~torch.isfinite(loss_sum) | ~torch.isfinite(norm)).float()])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(stats)
         stats[0] /= dist.get_world_size()
     loss_v, bad = stats.tolist()
+    return loss_v, bad > 0
+
+# %% ../nbs/11_train.ipynb #324a5078-5
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, *,
+               scheduler=None, max_grad_norm: float = 1.0, autocast_dtype=None,
+               sync: Optional[Callable[[bool], Any]] = None, update_guard=None) -> StepResult:
+    "One optimizer step over `micro_batches`, a list of `Batch`es of shape (b, T); the update runs inside `update_guard`."
+    if not micro_batches:
+        raise ValueError("train_step needs at least one micro-batch")
+    model.train()
+    loss_sum = _accumulate(model, micro_batches, autocast_dtype, sync)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = _full(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
+    loss_v, bad = _reduce_step_stats(loss_sum, norm)
     lr = optimizer.param_groups[0]["lr"]
-    if bad > 0:
+    if bad:
         optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss_v, grad_norm=float(norm), lr=lr, skipped=True)
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
+    with update_guard if update_guard is not None else contextlib.nullcontext():   # the weights change only in here
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss=loss_v, grad_norm=float(norm), lr=lr, skipped=False)
 
@@ -94,7 +110,7 @@ def seed_everything(seed: int):
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-
+# %% ../nbs/11_train.ipynb #d1ca34cc-1
 def keep_freed_memory_in_heap() -> bool:
     """Tell glibc malloc to keep freed blocks up to 1 GiB in the heap instead of unmapping them.
     Each CPU step allocates and frees several (b, T, V) logits-sized buffers (400 MB at 16 x 128 x 50257);
@@ -108,73 +124,154 @@ def keep_freed_memory_in_heap() -> bool:
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1))
 
-
+# %% ../nbs/11_train.ipynb #d1ca34cc-2
 MAX_ROLLBACKS_PER_CHECKPOINT = 3  # the same data replays after a rollback: a deterministic blow-up must not loop forever
-
 
 # %% ../nbs/11_train.ipynb #24d26b50
 class Pretrainer:
     "One training run described by a `TrainingConfig`; `train()` runs it."
     def __init__(self, config: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
-                 reset_optimizer: bool = False):
-
+                 reset_optimizer: bool = False, rescale_schedule: bool = False):
+        if config.training.checkpoint_dir is None:             # a config that names no run directory (09_config)
+            config = apply_overrides(config, {"training.checkpoint_dir": default_run_dir(config)})
+        check_device(config, torch.cuda.is_available())        # a GPU config on a CPU: one line, before anything is built
         self.config, t = config, config.training
         self.resume_step, self.reset_optimizer, self._abandon_after = resume_step, reset_optimizer, None
+        self.rescale_schedule, self._lr_from = rescale_schedule, None
         self.env = env = setup_distributed(t.device)
         self._print = log or (lambda s: print(s, flush=True))
-        if env.device.type == "cpu":
-            for ft in (np.float16, np.float32, np.float64, np.longdouble): np.finfo(ft)  # numpy 2.2 warns if they are made after:
-            torch.set_flush_denormal(True)                                               # subnormals become zero
-            if t.cpu_malloc_cache and keep_freed_memory_in_heap():
-                self.log("[cpu] glibc keeps freed buffers up to 1 GiB in the heap (training.cpu_malloc_cache)")
-        apply_num_threads(t.num_threads, env.device.type, log=self.log)
+        self._prepare_host()
         seed_everything(t.seed)
         self.checkpoint_dir = Path(t.checkpoint_dir)
-        self.model_config = build_model_config(config, log=self.log)
-        self.raw_model = Mamba3Transformer(self.model_config).to(env.device)
-        self.sharded = env.world_size > 1 and t.parallel == "fsdp"
-        if self.sharded:
-            from torch.distributed.fsdp import fully_shard
-            for block in residual_blocks(self.raw_model):
-                fully_shard(block)
-            fully_shard(self.raw_model)
-        self.optimizer = build_optimizer(self.raw_model, t)
-        self.scheduler = build_scheduler(self.optimizer, t)
-        self.model, self._sync = self.raw_model, None
-        if env.world_size > 1 and not self.sharded:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            ddp = DDP(self.raw_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
-            self.model = ddp
-            self._sync = lambda last: contextlib.nullcontext() if last else ddp.no_sync()
-        elif self.sharded:
-            self._sync = functools.partial(fsdp_sync, self.raw_model)
-        self.compiled = t.compile and (env.device.type == "cuda" or t.compile_on_cpu)
-        if self.compiled:
-            mode = compile_mode_for(t, env.device.type)
-            self.log(f"[compile] torch.compile(mode={mode})")
-            self.model = torch.compile(self.model, mode=mode)
-        elif t.compile:
-            self.log("[compile] skipped on CPU (set training.compile_on_cpu: true to force it)")
-        self.autocast_dtype = torch.bfloat16 if env.device.type == "cuda" and t.precision == "bf16" else None
-        self.ckpt = CheckpointManager(self.checkpoint_dir, keep_last=t.keep_last)
-        self.train_stream, self.val_batches = make_streams(config, env, self.model_config.vocab_size, log=self.log)
-        self.data_identity = dataset_identity(self.train_stream.dataset)
-        self._data_check = verify_in_background(self.train_stream.dataset, self.val_batches.dataset)
-        self.tokens_per_step = t.micro_batch_size * t.gradient_accumulation_steps * config.data.max_seq_len * env.world_size
+        self._build_model()
+        self._wrap_model()
+        self._build_data()
         self.logger = None  # made by train(), once the start step is known
         self.step, self.tokens_seen, self.evals, self._rollbacks = 0, 0, [], {}
-        self.stop_request = StopRequest()   # SIGTERM / SIGINT, read between steps
+        alone = env.world_size == 1                             # (one process: a stop may abandon the step in flight)
+        self.stop_request = StopRequest(announce=self._announce_stop if env.is_main else None,   # SIGTERM / SIGINT
+                                        grace_s=t.stop_grace_s if alone else None, abandon=self._abandon if alone else None)
+        self._guard, self._done, self._last_saved = UpdateGuard(), None, -1
 
     def log(self, msg: str):
         "Print `msg` on rank 0."
         if self.env.is_main:
             self._print(msg)
 
+# %% ../nbs/11_train.ipynb #24d26b50-1
+@patch
+def _prepare_host(self: Pretrainer):
+    "On CPU: flush subnormals to zero and keep freed buffers in the heap; then the thread count (`training.num_threads`)."
+    t = self.config.training
+    if self.env.device.type == "cpu":
+        for ft in (np.float16, np.float32, np.float64, np.longdouble): np.finfo(ft)  # (see Implementation notes)
+        torch.set_flush_denormal(True)                                               # subnormals become zero
+        if t.cpu_malloc_cache and keep_freed_memory_in_heap():
+            self.log("[cpu] glibc keeps freed buffers up to 1 GiB in the heap (training.cpu_malloc_cache)")
+    apply_num_threads(t.num_threads, self.env.device.type, log=self.log)
+
+# %% ../nbs/11_train.ipynb #24d26b50-2
+@patch
+def _build_model(self: Pretrainer):
+    "The model (the same seed on every rank), each residual block sharded under FSDP2, then its optimizer and schedule."
+    t = self.config.training
+    self.model_config = build_model_config(self.config, log=self.log)
+    self.raw_model = Mamba3Transformer(self.model_config).to(self.env.device)
+    self.sharded = self.env.world_size > 1 and t.parallel == "fsdp"
+    if self.sharded:
+        from torch.distributed.fsdp import fully_shard
+        for block in residual_blocks(self.raw_model):
+            fully_shard(block)
+        fully_shard(self.raw_model)
+    self.optimizer = build_optimizer(self.raw_model, t)
+    self.scheduler = build_scheduler(self.optimizer, t)
+
+# %% ../nbs/11_train.ipynb #24d26b50-3
+@patch
+def _wrap_model(self: Pretrainer):
+    "`self.model`: the model under DDP (several ranks, no FSDP) and `torch.compile` (if asked); `_sync` for `train_step`."
+    t, env = self.config.training, self.env
+    self.model, self._sync = self.raw_model, None
+    if env.world_size > 1 and not self.sharded:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ddp = DDP(self.raw_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+        self.model = ddp
+        self._sync = lambda last: contextlib.nullcontext() if last else ddp.no_sync()
+    elif self.sharded:
+        self._sync = functools.partial(fsdp_sync, self.raw_model)
+    self.compiled = t.compile and (env.device.type == "cuda" or t.compile_on_cpu)
+    if self.compiled:
+        mode = compile_mode_for(t, env.device.type)
+        self.log(f"[compile] torch.compile(mode={mode})")
+        self.model = torch.compile(self.model, mode=mode)
+    elif t.compile:
+        self.log("[compile] skipped on CPU (set training.compile_on_cpu: true to force it)")
+    self.autocast_dtype = torch.bfloat16 if env.device.type == "cuda" and t.precision != "fp32" else None
+
+# %% ../nbs/11_train.ipynb #24d26b50-4
+@patch
+def _build_data(self: Pretrainer):
+    "The checkpoint manager, the train stream and validation batches, and the shard check on a background thread."
+    t, env = self.config.training, self.env
+    self.ckpt = CheckpointManager(self.checkpoint_dir, keep_last=t.keep_last)
+    self.train_stream, self.val_batches = make_streams(self.config, env, self.model_config.vocab_size, log=self.log)
+    self.data_identity = dataset_identity(self.train_stream.dataset)
+    self._data_check = verify_in_background(self.train_stream.dataset, self.val_batches.dataset)
+    self.tokens_per_step = t.micro_batch_size * t.gradient_accumulation_steps * self.config.data.max_seq_len * env.world_size
+
+# %% ../nbs/11_train.ipynb #15f57e97
+class UpdateGuard:
+    "The lock around the optimizer's update (and every save); `pending`: an update the loop has not yet recorded."
+    def __init__(self): self.lock, self.pending = threading.RLock(), False
+    def __enter__(self): self.lock.acquire(); return self
+    def __exit__(self, *exc): self.pending = True; self.lock.release()
+
+# %% ../nbs/11_train.ipynb #15f57e97-1
+@patch
+def _mark_done(self: Pretrainer):
+    "Record the step just finished: its data position and RNG state (what `_abandon` saves), under the guard."
+    with self._guard.lock:
+        if self.env.world_size == 1:
+            self._done = {"position": self.train_stream.state_dict(), "rng": capture_rng_state()}
+        self._guard.pending = False
+
+# %% ../nbs/11_train.ipynb #15f57e97-2
+@patch
+def _announce_stop(self: Pretrainer) -> str:
+    "What the run does about a stop request, said the moment it lands (see `StopRequest`)."
+    g = self.stop_request.grace_s
+    return (f"stopping after step {self.step + 1} (in progress) and saving it"
+            + (f"; if it is still running in {g:g} s it is abandoned and step {self.step} is saved instead" if g else ""))
+
+# %% ../nbs/11_train.ipynb #15f57e97-3
+@patch
+def _abandon(self: Pretrainer, signum: int):
+    "The watcher's call when the step in flight outlives `stop_grace_s`: save the last finished step, exit 128 + signum."
+    while True:                                   # an update already made is recorded first (`_mark_done`, a moment away)
+        self._guard.lock.acquire()
+        if not self._guard.pending: break
+        self._guard.lock.release(); time.sleep(0.01)
+    step, saved = self.step, self._last_saved != self.step
+    try:
+        if saved: self.save_checkpoint(tag="abandoned", done=self._done)
+        said = f"checkpoint step {step} {'saved' if saved else 'already on disk'} in {self.checkpoint_dir}; run the same command to resume"
+    except Exception as e: said = f"saving checkpoint step {step} failed ({type(e).__name__}: {e})"
+    os.write(2, f"{signal.Signals(signum).name}: step {step + 1} did not finish within {self.config.training.stop_grace_s:g} s "
+                f"of the request: abandoned; {said}\n".encode())
+    os._exit(128 + signum)
+
 # %% ../nbs/11_train.ipynb #35a55bc0
 @patch
-def save_checkpoint(self: Pretrainer, tag: str = ""):
-    "Write a checkpoint of the current step (rank 0 writes; every rank takes part under FSDP)."
-    positions = [self.train_stream.state_dict()]
+def save_checkpoint(self: Pretrainer, tag: str = "", done: dict = None):
+    """Write a checkpoint of the current step (rank 0 writes; every rank takes part under FSDP); `done`: the data position
+    and RNG state recorded when that step finished (`_mark_done`), for a save while the next step is in flight."""
+    with self._guard.lock: self._save(tag, done)
+    self._last_saved = self.step
+
+# %% ../nbs/11_train.ipynb #35a55bc0-1
+@patch
+def _save(self: Pretrainer, tag: str, done: dict):
+    positions = [self.train_stream.state_dict() if done is None else done["position"]]
     if self.env.world_size > 1:
         positions = [None] * self.env.world_size
         dist.all_gather_object(positions, self.train_stream.state_dict())
@@ -191,7 +288,9 @@ def save_checkpoint(self: Pretrainer, tag: str = ""):
         extra = {"scheduler": self.scheduler.state_dict(), "data_position": positions,
                  "tokens_seen": self.tokens_seen, "config": config_to_dict(self.config),
                  "tag": tag or f"step_{self.step}", "data_identity": self.data_identity,
-                 "evals": [e for e in self.evals if e["step"] <= self.step]}
+                 "evals": [e for e in self.evals if e["step"] <= self.step],
+                 **({"rng": done["rng"]} if done is not None else {}),
+                 **({"lr_continue_from": list(self._lr_from)} if self._lr_from is not None else {})}
         self.ckpt.save(self.raw_model, optim, self.step, extra_meta=extra, state_dict=state)
     if self.env.world_size > 1:
         dist.barrier()
@@ -209,11 +308,7 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     meta = self.ckpt.read_meta(step)
     target = FullModelView(self.raw_model) if self.sharded else self.raw_model
     if "data_position" not in meta and "optim" not in meta["files"]:   # weights only, e.g. `mamba3-lite import`
-        meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True,   # warns: no optimizer state
-                              optimizer=FullOptimState(self.raw_model, self.optimizer, self.sharded))
-        self.log(f"[resume] checkpoint step {step} holds weights only: optimizer, schedule and data order start fresh")
-        self.step = meta["step"]
-        return self.step
+        return self._load_weights_only(step, target)
     check_resume_meta(meta, paths["meta"])
     if not self.reset_optimizer and ("optim" not in meta["files"] or not paths["optim"].exists()):
         raise FileNotFoundError(f"{paths['optim']}: missing, so step {step} cannot be resumed exactly (its AdamW "
@@ -222,6 +317,26 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     optim = None if self.reset_optimizer else FullOptimState(self.raw_model, self.optimizer, self.sharded)
     meta = self.ckpt.load(target, step, device=str(self.env.device), optimizer=optim, strict=True)
     self.scheduler.load_state_dict(meta["scheduler"])
+    if initial: self._continue_schedule(meta)
+    self._restore_position(step, meta)
+    self.step = meta["step"]
+    if self.reset_optimizer: self.log(f"[resume] --reset-optimizer: AdamW restarts with zero moments at step {step}")
+    self._apply_changes(changes)
+    return self.step
+
+# %% ../nbs/11_train.ipynb #5953e5d3-1
+@patch
+def _load_weights_only(self: Pretrainer, step: int, target) -> int:
+    "Load a checkpoint that holds weights only (no optimizer, no data position); the optimizer, schedule and data order start fresh."
+    meta = self.ckpt.load(target, step, device=str(self.env.device), strict=True)   # (no optimizer: said once, below)
+    self.log(f"[resume] checkpoint step {step} holds weights only: optimizer, schedule and data order start fresh")
+    self.step = meta["step"]
+    return self.step
+
+# %% ../nbs/11_train.ipynb #5953e5d3-2
+@patch
+def _restore_position(self: Pretrainer, step: int, meta: dict):
+    "This rank's data position, the tokens seen, the evaluations up to `step` and the RNG state, from checkpoint `meta`."
     positions = meta["data_position"]
     if len(positions) != self.env.world_size:
         raise ValueError(f"checkpoint step {step} was written by {len(positions)} rank(s); this run has "
@@ -230,11 +345,8 @@ def load_checkpoint(self: Pretrainer, step: int, initial: bool = False) -> int:
     self.tokens_seen = meta.get("tokens_seen", 0)
     self.evals = [e for e in meta.get("evals", []) if e["step"] <= step]
     restore_rng_state(meta["rng"])
-    self.step = meta["step"]
-    if self.reset_optimizer: self.log(f"[resume] --reset-optimizer: AdamW restarts with zero moments at step {step}")
-    self._apply_changes(changes)
-    return self.step
 
+# %% ../nbs/11_train.ipynb #5953e5d3-3
 @patch
 def _rank0(self: Pretrainer, fn: Callable):
     "`fn()` run on rank 0 alone, its result on every rank (so all resume / roll back alike); what it raises, every rank raises."
@@ -271,7 +383,7 @@ def _resume(self: Pretrainer, step: int) -> int:
     self.log(f"[resume] from checkpoint step {self.step} in {self.checkpoint_dir}")
     return step
 
-
+# %% ../nbs/11_train.ipynb #73dd147b-1
 @patch
 def _check_config(self: Pretrainer, meta: dict, path) -> list:
     "The config changes since checkpoint `meta`; `ConfigError` (one line) if any of them cannot be resumed."
@@ -285,6 +397,7 @@ def _check_config(self: Pretrainer, meta: dict, path) -> list:
                           + " (they fix the model's shape or the data order); resume with the old values or use a new run directory")
     return changes
 
+# %% ../nbs/11_train.ipynb #73dd147b-2
 @patch
 def _apply_changes(self: Pretrainer, changes: list):
     "Log each config change `old -> new` once; put new optimizer and schedule values into the restored state."
@@ -298,6 +411,18 @@ def _apply_changes(self: Pretrainer, changes: list):
     for g, fn in zip(self.optimizer.param_groups, s.lr_lambdas): g["lr"] = t.lr * fn(s.last_epoch)
     s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
+# %% ../nbs/11_train.ipynb #504701cf
+@patch
+def _continue_schedule(self: Pretrainer, meta: dict):
+    "On resume: keep the lr continuous across a changed schedule, or rebuild it (`rescale_schedule`), and say which (10b_optim)."
+    self._lr_from, line = resumed_schedule(meta["config"]["training"], meta.get("lr_continue_from"), self.config.training,
+                                           meta["step"], self.rescale_schedule)
+    s, fn = self.scheduler, schedule_fn(self.config.training, self._lr_from)
+    s.lr_lambdas = [fn] * len(self.optimizer.param_groups)
+    for g, base in zip(self.optimizer.param_groups, s.base_lrs): g["lr"] = base * fn(s.last_epoch)
+    s._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+    if line: self.log(line)
+
 # %% ../nbs/11_train.ipynb #30fa9645
 @patch
 def validate(self: Pretrainer) -> dict:
@@ -310,6 +435,7 @@ def validate(self: Pretrainer) -> dict:
     else: self.log(format_eval_line(r))
     return r
 
+# %% ../nbs/11_train.ipynb #30fa9645-1
 @patch
 def _make_logger(self: Pretrainer):
 
@@ -320,6 +446,7 @@ def _make_logger(self: Pretrainer):
                           device=dev, peak_flops=peak, config=config_to_dict(self.config),
                           hold=self._abandon_after is not None)   # the old records stay up to the first commit
 
+# %% ../nbs/11_train.ipynb #30fa9645-2
 @patch
 def _rollback(self: Pretrainer, streak: int):
     latest = self._rank0(self.ckpt.latest_step)
@@ -342,12 +469,31 @@ def banner(self: Pretrainer) -> list:
         return [f"[train] already finished: step {self.step} of training.max_steps {t.max_steps} in {self.checkpoint_dir}; "
                 "nothing to train (raise training.max_steps, e.g. --max-steps, to train further)"]
     pb, left, name = parameter_breakdown(self.model_config), t.max_steps - self.step, torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
-    return [f"[train] {pb['total']:,} parameters ({pb['total'] - pb['embedding (tied head)']:,} non-embedding) | world size {w} | "
+    return [*self._banner_run(pb, dev, w, per, nt, name, left), *self._banner_options()]
+
+# %% ../nbs/11_train.ipynb #e6aafd27-1
+@patch
+def _banner_run(self: Pretrainer, pb, dev, w, per, nt, name, left) -> list:
+    t = self.config.training
+    mc = self.model_config
+    return [f"[train] {pb['total']:,} parameters ({pb['total'] - mc.vocab_size * mc.d_model * (2 - mc.tie_embeddings):,} non-embedding) | world size {w} | "
             f"device {dev}{f' ({name})' * bool(name)}, {'fp32' if self.autocast_dtype is None else 'bf16 autocast'}, {nt} CPU thread{'s' * (nt > 1)}",
             f"[train] {t.micro_batch_size} micro-batch x {t.gradient_accumulation_steps} accumulation x {w} rank{'s' * (w > 1)} "
             f"x {self.config.data.max_seq_len} tokens = {per:,} tokens per optimizer step",
             f"[train] steps {self.step} -> {t.max_steps}: {left:,} step{'s' * (left != 1)}, {left * per:,} tokens"
             + (f" to go (of {t.max_steps:,} steps, {t.max_steps * per:,} tokens in all)" if self.step else "")]
+
+# %% ../nbs/11_train.ipynb #e6aafd27-2
+@patch
+def _banner_options(self: Pretrainer) -> list:
+    "The options in effect that change what a step computes, and the learning-rate schedule."
+    t, d, mc = self.config.training, self.config.data, self.model_config
+    compile_ = f"compile {compile_mode_for(t, self.env.device.type)}" if self.compiled else "compile off"
+    at = lambda s: f"{t.lr * schedule_fn(t, self._lr_from)(s):.2e}"
+    cont = f", continued from {at(self._lr_from[0])} at step {self._lr_from[0]}" if self._lr_from else ""
+    return [f"[train] ssd {mc.ssd_dispatch} | reset_at_eos {'on' if d.reset_at_eos else 'off'} | {compile_} | "
+            f"grad_checkpoint {'on' if mc.grad_checkpoint else 'off'} | tokenizer {d.tokenizer}",
+            f"[train] lr {t.lr_schedule}: warmup {t.warmup_steps} steps to {t.lr:.2e}{cont}, down to {at(t.max_steps)} at step {t.max_steps}"]
 
 # %% ../nbs/11_train.ipynb #8c55b97c
 @patch
@@ -389,44 +535,91 @@ def _loop(self: Pretrainer, resumed: bool, t0: float) -> dict:
     if not resumed and t.eval_at_start:
         self.validate()
     first_step, streak = self.step, 0
-    last_eval, last_save = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
+    last_eval, self._last_saved = (self.evals[-1]["step"] if self.evals else -1), (self.step if resumed else -1)
+    self._mark_done()
     while self.step < t.max_steps:
         if self.stop_request.poll(self.env):
-            self._stop(last_save)
+            self.stop_request.honored.set(); self._stop()
+        started = time.perf_counter()
         batches = [self.train_stream.next_batch() for _ in range(t.gradient_accumulation_steps)]
-        r = train_step(self.model, self.optimizer, batches, scheduler=self.scheduler,
-                       max_grad_norm=t.max_grad_norm, autocast_dtype=self.autocast_dtype, sync=self._sync)
-        if self.logger is not None:
-            self.logger.log(self.step + (not r.skipped), r.loss, r.lr, tokens=self.tokens_per_step,
-                            grad_norm=r.grad_norm if math.isfinite(r.grad_norm) else None, skipped=r.skipped)
+        r = train_step(self.model, self.optimizer, batches, scheduler=self.scheduler, max_grad_norm=t.max_grad_norm,
+                       autocast_dtype=self.autocast_dtype, sync=self._sync, update_guard=self._guard)
+        self._log_step(r)
         if r.skipped:
             streak += 1
-            self.log(f"[nan-guard] step {self.step + 1} skipped: loss={r.loss} grad_norm={r.grad_norm} "
-                     f"({streak}/{t.nan_guard_max_consecutive} in a row)")
-            if streak >= t.nan_guard_max_consecutive:
-                self._rollback(streak)
+            if self._skipped(r, streak):                       # rolled back: the streak and the last eval start over
                 streak = 0
                 last_eval = self.evals[-1]["step"] if self.evals else -1
             continue
         streak = 0
-        if self.env.world_size == 1 and self._data_check.done(): self._data_check.result()
-        self.step += 1
-        self.tokens_seen += self.tokens_per_step
+        self._count_step()
+        if self.step == first_step + 1: self._first_step(time.perf_counter() - started)
         if self.step % t.eval_every == 0:
             self.validate(); last_eval = self.step
         if self.step % t.save_every == 0:
-            self.save_checkpoint(); last_save = self.step
+            self.save_checkpoint()
+    self._finish(last_eval)
+    return self._summary(first_step, t0)
+
+# %% ../nbs/11_train.ipynb #75c7e482-1
+@patch
+def _log_step(self: Pretrainer, r: StepResult):
+    "Hand step `r` to the logger (rank 0): a skipped step is logged under the step it did not count."
+    if self.logger is not None:
+        self.logger.log(self.step + (not r.skipped), r.loss, r.lr, tokens=self.tokens_per_step,
+                        grad_norm=r.grad_norm if math.isfinite(r.grad_norm) else None, skipped=r.skipped)
+
+# %% ../nbs/11_train.ipynb #75c7e482-2
+@patch
+def _skipped(self: Pretrainer, r: StepResult, streak: int) -> bool:
+    "Say that the NaN guard skipped a step, the `streak`-th in a row; at `nan_guard_max_consecutive`, roll back and return True."
+    t = self.config.training
+    self.log(f"[nan-guard] step {self.step + 1} skipped: loss={r.loss} grad_norm={r.grad_norm} "
+             f"({streak}/{t.nan_guard_max_consecutive} in a row)")
+    if streak < t.nan_guard_max_consecutive: return False
+    self._rollback(streak)
+    return True
+
+# %% ../nbs/11_train.ipynb #75c7e482-3
+@patch
+def _count_step(self: Pretrainer):
+    "Count a finished step and its tokens, and record its data position and RNG state (`_mark_done`), under the guard."
+    if self.env.world_size == 1 and self._data_check.done(): self._data_check.result()
+    with self._guard.lock:
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        self._mark_done()
+
+# %% ../nbs/11_train.ipynb #75c7e482-4
+@patch
+def _finish(self: Pretrainer, last_eval: int):
+    "At `max_steps`: await the shard check, then evaluate and save the last step unless that is done already."
     self._data_check.result()
     if last_eval != self.step:
         self.validate()
-    if last_save != self.step:
+    if self._last_saved != self.step:
         self.save_checkpoint(tag="final")
+
+# %% ../nbs/11_train.ipynb #75c7e482-5
+@patch
+def _summary(self: Pretrainer, first_step: int, t0: float) -> dict:
+    "What `train()` returns: the steps and tokens trained by this call, the evaluations, the wall time."
     return {"checkpoint_dir": str(self.checkpoint_dir), "first_step": first_step, "final_step": self.step,   # trained by this call:
             "steps_trained": self.step - first_step, "tokens_trained": (self.step - first_step) * self.tokens_per_step,
             "first_eval_loss": self.evals[0]["loss"] if self.evals else None,
             "final_eval_loss": self.evals[-1]["loss"] if self.evals else None,
-            "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0}
+            "evals": list(self.evals), "tokens_seen": self.tokens_seen, "wall_time_s": time.time() - t0,
+            "eval_coverage": eval_coverage(self.evals[-1]["tokens"], self.evals[-1]["split_tokens"]) if self.evals else None}
 
+# %% ../nbs/11_train.ipynb #75c7e482-6
+@patch
+def _first_step(self: Pretrainer, seconds: float):
+    "Say how long the first step of this call took, as soon as it is known (the logger's first line may be many steps away)."
+    left = self.config.training.max_steps - self.step
+    self.log(f"[train] step {self.step} took {seconds:.2f} s" + (f"; {left:,} to go: about {format_duration(seconds * left)} "
+             "at this pace" if left else ""))
+
+# %% ../nbs/11_train.ipynb #75c7e482-7
 class TrainingStopped(KeyboardInterrupt):
     "SIGTERM or SIGINT stopped training after a step; a checkpoint of that step is on disk (`saved`: written now)."
     def __init__(self, signum: int, step: int, checkpoint_dir, saved: bool):
@@ -434,21 +627,22 @@ class TrainingStopped(KeyboardInterrupt):
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint step {step} "
                          f"{'saved' if saved else 'already on disk'} in {checkpoint_dir}")
 
+# %% ../nbs/11_train.ipynb #75c7e482-8
 @patch
-def _stop(self: Pretrainer, last_save: int):
+def _stop(self: Pretrainer):
     "Checkpoint the current step (unless it is on disk already) on every rank, then raise `TrainingStopped`."
-    if last_save != self.step: self.save_checkpoint(tag="stopped")
-    raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.checkpoint_dir, saved=last_save != self.step)
-
+    saved = self._last_saved != self.step
+    if saved: self.save_checkpoint(tag="stopped")
+    raise TrainingStopped(self.stop_request.poll(self.env), self.step, self.checkpoint_dir, saved=saved)
 
 # %% ../nbs/11_train.ipynb #71e16f11
 def run_training(cfg: TrainingConfig, resume_step: Optional[int] = None, log: Callable[[str], None] = None,
-                 reset_optimizer: bool = False) -> dict:
+                 reset_optimizer: bool = False, rescale_schedule: bool = False) -> dict:
     """Train `cfg` to its max_steps (resuming when the run directory has a checkpoint).
     Returns checkpoint_dir, first/final step, steps/tokens trained by this call, first/final val loss, evals, tokens seen, wall time, loss_png."""
     if cfg.training.dry_run:
         cfg = dry_run_config(cfg)
-    trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer)
+    trainer = Pretrainer(cfg, resume_step=resume_step, log=log, reset_optimizer=reset_optimizer, rescale_schedule=rescale_schedule)
     try:
         return trainer.train()
     finally:

@@ -20,7 +20,8 @@ from mamba3_lite.ssd import nmax
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "mamba_ssm_e9594ce"
 VARIANTS = {"siso": ("tiny", {}), "siso-rope1": ("tiny", dict(rope_fraction=1.0, ngroups=2)),
-            "mimo-outnorm": ("tiny-mimo", dict(outproj_norm=True, ngroups=2)), "mimo-rope1": ("tiny-mimo", dict(rope_fraction=1.0))}
+            "mimo-outnorm": ("tiny-mimo", dict(outproj_norm=True, ngroups=2)), "mimo-rope1": ("tiny-mimo", dict(rope_fraction=1.0)),
+            "bare": ("tiny", dict(d_ff=0, tie_embeddings=False))}    # no MLP, an untied head
 
 
 def perturbed(cfg: ModelConfig, seed=0) -> Mamba3Transformer:
@@ -55,11 +56,12 @@ def test_round_trip_ours_official_ours_is_bit_exact(variant, tmp_path):
     assert torch.equal(from_pretrained(tmp_path).state_dict()["embed.weight"], m.state_dict()["embed.weight"])  # exact: round trip
 
 
-@pytest.mark.parametrize("name, d_ff", [("siso", 256), ("mimo", 192)])
+@pytest.mark.parametrize("name, d_ff", [("siso", 256), ("mimo", 192), ("siso_bare", 0)])
 def test_golden_official_weights_reproduce_official_logits(name, d_ff):
     config, sd, g = golden(name)
     m = from_mamba_ssm(config, sd).eval()
-    assert m.config.d_ff == d_ff          # siso: learnt (nonzero) MLP padding kept; mimo: zero padding trimmed
+    assert m.config.d_ff == d_ff          # siso: learnt (nonzero) MLP padding kept; mimo: zero padding trimmed; bare: none
+    assert m.config.tie_embeddings == config["tie_embeddings"]    # siso_bare: the official untied head, d_intermediate 0
     V = m.config.vocab_size
     with torch.no_grad():
         e32 = nmax(m(g["input_ids"]).logits, g["logits"][..., :V])
@@ -69,7 +71,7 @@ def test_golden_official_weights_reproduce_official_logits(name, d_ff):
     assert e64 <= 1e-12, e64
 
 
-@pytest.mark.parametrize("name", ["siso", "mimo"])
+@pytest.mark.parametrize("name", ["siso", "mimo", "siso_bare"])
 def test_golden_round_trip_official_ours_official_is_bit_exact(name):
     config, sd, _ = golden(name)
     config2, sd2 = to_mamba_ssm(from_mamba_ssm(config, sd))
@@ -78,13 +80,14 @@ def test_golden_round_trip_official_ours_official_is_bit_exact(name):
         config2["d_intermediate"] = config["d_intermediate"]
     assert config2 == config
     assert list(sd2) == list(json.loads((GOLDEN / name / "official_layout.json").read_text()))
-    emb = "backbone.embedding.weight"   # the official rows past vocab_size (random here) come back as zeros
-    assert torch.equal(sd2[emb][:1001], sd[emb][:1001]) and not sd2[emb][1001:].any() and sd[emb][1001:].any()  # exact: round trip
+    rows = ["backbone.embedding.weight"] + ["lm_head.weight"] * (not config["tie_embeddings"])   # (an untied head's too)
+    for emb in rows:                    # the official rows past vocab_size (random here) come back as zeros
+        assert torch.equal(sd2[emb][:1001], sd[emb][:1001]) and not sd2[emb][1001:].any() and sd[emb][1001:].any()  # exact: round trip
     for k, v in sd.items():
-        assert k == emb or torch.equal(sd2[k], v), k  # exact: round trip
+        assert k in rows or torch.equal(sd2[k], v), k  # exact: round trip
 
 
-@pytest.mark.parametrize("name", ["siso", "mimo"])
+@pytest.mark.parametrize("name", ["siso", "mimo", "siso_bare"])
 def test_export_reproduces_the_official_config_and_layout(name):
     config = json.loads((GOLDEN / name / "config.json").read_text())
     layout = json.loads((GOLDEN / name / "official_layout.json").read_text())
@@ -92,7 +95,7 @@ def test_export_reproduces_the_official_config_and_layout(name):
     ours_config, sd = to_mamba_ssm(m)
     assert ours_config == config
     assert [(k, list(v.shape)) for k, v in sd.items()] == list(layout.items())
-    assert sd["lm_head.weight"] is sd["backbone.embedding.weight"]
+    assert (sd["lm_head.weight"] is sd["backbone.embedding.weight"]) == config["tie_embeddings"]
 
 
 def _one_line(exc_info):
@@ -103,7 +106,7 @@ def _one_line(exc_info):
 
 @pytest.mark.parametrize("change, field", [
     (dict(attn_layer_idx=[0]), "attn_layer_idx:"), (dict(rms_norm=False), "rms_norm:"),
-    (dict(tie_embeddings=False), "tie_embeddings:"), (dict(d_intermediate=0), "d_intermediate:"),
+    (dict(tie_embeddings="false"), "tie_embeddings:"), (dict(d_intermediate=-1), "d_intermediate:"),
     (dict(ssm_cfg={"layer": "Mamba2"}), "ssm_cfg.layer:"), (dict(ssm_cfg={}), "ssm_cfg.layer:"),
     (dict(ssm_cfg={"layer": "Mamba3", "rope_fraction": 0.25}), "ssm_cfg.rope_fraction:"),
     (dict(ssm_cfg={"layer": "Mamba3", "Afloor": 1e-4}), "ssm_cfg.Afloor:"), (dict(norm_epsilon=1e-6), "norm_epsilon:")])
@@ -161,7 +164,7 @@ def test_hub_ids_go_through_huggingface_hub(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not os.environ.get("MAMBA_SSM_SOURCE"), reason="MAMBA_SSM_SOURCE (official source at e9594ce) not set")
-@pytest.mark.parametrize("variant", ["siso", "mimo-outnorm"])
+@pytest.mark.parametrize("variant", ["siso", "mimo-outnorm", "bare"])
 def test_official_from_pretrained_loads_what_we_write(variant, tmp_path):
     spec = importlib.util.spec_from_file_location("make_official_golden", FIXTURES / "make_official_golden.py")
     gen = importlib.util.module_from_spec(spec)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -96,13 +97,15 @@ def test_train_continues_an_imported_run(tmp_path, capsys, monkeypatch):
     assert (cfg.training.lr, cfg.data.max_seq_len, cfg.training.checkpoint_dir) == (3e-3, 128, str(r2))
     over = ["--set", "data.dummy=true", "--set", "data.max_seq_len=32", "--set", "training.micro_batch_size=2",
             "--set", "training.eval_batches=1", "--set", "training.device=cpu", "--set", "training.num_threads=1"]
-    with pytest.warns(CheckpointWarning, match="optimizer starts from scratch"):
+    with warnings.catch_warnings():                    # the [resume] line says the optimizer starts fresh; no warning again
+        warnings.simplefilter("error", CheckpointWarning)
         assert main(["train", "--config", str(r2 / "config.yaml"), "--max-steps", "1"] + over) == 0
     out = capsys.readouterr().out
     assert "checkpoint step 0 holds weights only" in out and "[resume] from checkpoint step 0" in out
     assert (r2 / "meta_step_1.json").exists()
     # an explicit --resume 0 takes the imported weights too (from step 0: they are the step-0 weights on disk)
-    with pytest.warns(CheckpointWarning, match="optimizer starts from scratch"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)
         assert main(["train", "--config", str(r2 / "config.yaml"), "--max-steps", "2", "--resume", "0"] + over) == 0
     assert "[resume] from checkpoint step 0" in capsys.readouterr().out
 
@@ -157,14 +160,15 @@ def test_imported_run_generates_and_evaluates_like_the_original(tmp_path, capsys
         data = ["--data-path", str(tmp_path / "data"), "--seq-len", "32"] if name == "hf" else []
         assert main(["eval", "--checkpoint-dir", str(tmp_path / name), "--max-batches", "2", "--batch-size", "2", "--quiet"] + data) == 0
         gen, ev = [l for l in capsys.readouterr().out.splitlines() if not l.startswith("[cpu]")]   # (auto threads' note)
-        outs[name] = (gen, ev.split(" | ", 1)[1].rsplit(" | saved=", 1)[0])      # eval: the numbers, not the step or file
-        assert ev.endswith(str((run if name == "run" else tmp_path / name) / "eval.jsonl"))
+        outs[name] = (gen, ev.split(" | ", 1)[1].rsplit(" | saved=", 1)[0].rsplit(" | not saved", 1)[0])   # the numbers, not the step or file
+        if name == "hf": assert ev.endswith("not saved (a model directory is never written into; --output FILE keeps the result)")
+        else: assert ev.endswith(str((run if name == "run" else tmp_path / name) / "eval.jsonl"))
     print(outs)
     assert outs["run"] == outs["run2"] == outs["hf"]  # exact: equal weights and windows, the same commands
-    # the numbers were appended beside metrics.jsonl (in the model directory for an export), two more after a second eval
+    # the numbers were appended beside metrics.jsonl (nothing in the model directory), two more after a second eval
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)   # a terminal: the progress bar is drawn
     assert main(["eval", "--checkpoint-dir", str(run), "--max-batches", "1", "--batch-size", "2"]) == 0
     assert "eval: 100%" in capsys.readouterr().err
     recs = [json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines()]
     assert [(r["step"], r["batches"], r["data_path"]) for r in recs] == [(2, 2, str(tmp_path / "data")), (2, 1, str(tmp_path / "data"))]
-    assert json.loads((tmp_path / "hf" / "eval.jsonl").read_text())["model_dir"] == str(tmp_path / "hf")
+    assert not (tmp_path / "hf" / "eval.jsonl").exists()                       # a model directory is never written into

@@ -33,7 +33,11 @@ def docs_text() -> str:
 # command as written in the README (comments dropped, continuations joined) -> flags appended to shrink its budget
 RUN = {
     ".venv/bin/mamba3-lite quickstart": ["--max-steps", "1", "--max-new-tokens", "8"],
+    ".venv/bin/mamba3-lite quickstart --data-path my_texts/": ["--max-steps", "1", "--max-new-tokens", "4"],
     ".venv/bin/mamba3-lite prepare my_texts/ --out data/mine": ["--quiet"],
+    ".venv/bin/mamba3-lite train --config configs/tiny_cpu.yaml --data-path data/mine": ["--max-steps", "1", "--set", "training.eval_batches=1"],
+    ".venv/bin/mamba3-lite train --config tiny_cpu --data-path runs/quickstart/data --reset-at-eos":
+        ["--max-steps", "1", "--set", "training.eval_batches=1"],
     ".venv/bin/mamba3-lite eval --checkpoint-dir runs/quickstart": ["--max-batches", "2"],
     '.venv/bin/mamba3-lite generate --checkpoint-dir runs/quickstart --prompt "def main():"': ["--max-new-tokens", "4"],
     ".venv/bin/mamba3-lite train --config runs/quickstart --max-steps 400": ["--max-steps", "2", "--set", "training.eval_batches=1"],
@@ -43,6 +47,8 @@ RUN = {
     '.venv/bin/mamba3-lite generate --checkpoint-dir runs/imported --prompt "def main():"': ["--max-new-tokens", "4"],
     ".venv/bin/mamba3-lite train --config runs/imported/config.yaml --data-path runs/quickstart/data":
         ["--max-steps", "1", "--set", "training.eval_batches=1"],
+    ".venv/bin/mamba3-lite eval --checkpoint-dir runs/quickstart --tasks python_qa --include-path configs/lm_eval/":
+        ["--limit", "3", "--bootstrap-iters", "0", "--batch-size", "4"],
 }
 # why the other CPU commands are not run here
 NOT_RUN = {
@@ -51,12 +57,15 @@ NOT_RUN = {
         "network and minutes; .ci/run installs the same pin",
     ".venv/bin/pip install triton==3.7.1 -e .": "network and minutes; .ci/run installs the same pins",
     "bash .ci/run": "it is CI itself",
-    ".venv/bin/mamba3-lite train --config configs/tiny_cpu.yaml --data-path data/mine":
-        "a training run like the one on the imported run below (~10 CPU-s each on a 2-core machine; CI is at its time limit)",
-    ".venv/bin/mamba3-lite train --config tiny_cpu --data-path runs/quickstart/data --reset-at-eos":
-        "a training run like the one on the imported run below; tests/test_train.py trains with reset_at_eos",
-    ".venv/bin/mamba3-lite quickstart --data-path my_texts/":
-        "a second training run; tests/test_cli.py::test_quickstart_end_to_end_on_a_small_corpus runs quickstart --data-path",
+    ".venv/bin/pip install -e '.[dev]'": "network and minutes; .ci/run installs the dev extra",
+    ".venv/bin/jupyter lab nbs/": "a notebook server for a person at a browser",
+    ".venv/bin/mamba3-lite prepare my_texts/ --out data/mine-llama3 --tokenizer llama3/tokenizer.json":
+        "a tokenizer file of the reader's; tests/test_cli_newcomer.py runs prepare, train, eval and generate with a tokenizer.json it builds",
+    ".venv/bin/mamba3-lite train --config tiny_cpu --data-path data/mine-llama3": "needs the corpus of the command above",
+    '.venv/bin/mamba3-lite generate --checkpoint-dir runs/tiny-mine-llama3 --prompt "def main():"': "needs the run of the command above",
+    ".venv/bin/mamba3-lite import mamba3-siso-187m/ --out runs/mamba3-187m":
+        "the official weights (downloads); tests/test_cli_newcomer.py imports an official-layout model with a tokenizer.json",
+    '.venv/bin/mamba3-lite generate --checkpoint-dir runs/mamba3-187m --prompt "The capital of France is"': "needs the import above",
     "mkdir -p /tmp/whisper": "the offline tokenizer recipe downloads from PyPI (curl); no network in CI",
     "cd /tmp/whisper": "the offline tokenizer recipe (see mkdir)",
     "curl -LO https://files.pythonhosted.org/packages/35/8e/d36f8880bcf18ec026a55807d02fe4c7357da9f25aebd92f85178000c0dc/"
@@ -75,8 +84,6 @@ NOT_RUN = {
     "--max-tokens 2000000000 --out data/fwe-2b": "streams from the Hugging Face hub (network)",
     ".venv/bin/mamba3-lite prepare --hf-dataset my_dataset_saved_to_disk/ --out data/mine":
         "a dataset of the reader's; tests/test_prepare_sources.py prepares a save_to_disk directory",
-    ".venv/bin/mamba3-lite eval --checkpoint-dir runs/r1 --tasks my_task --include-path my_tasks/ --limit 100":
-        "task YAMLs of the reader's; tests/test_harness.py runs local tasks",
 }
 GPU_MARKS = ("ENABLE_TRITON_KERNELS=1", "--device cuda", "--flags gpu", "torchrun")
 norm = lambda c: shlex.join(shlex.split(c)).replace("'|'", "|")      # how readme_commands writes a command
@@ -138,7 +145,7 @@ def test_readme_cpu_commands_run_in_order(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for c in cmds: assert c.startswith(".venv/bin/mamba3-lite "), c
     r = subprocess.run([sys.executable, "-c", DRIVER, json.dumps([[c, run[c]] for c in cmds])], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=900)
     done = [l for l in r.stdout.splitlines() if l.startswith("README-CMD")]
     assert r.returncode == 0, ("\n".join(done), r.stdout[-2000:], r.stderr[-3000:])
     assert len(done) == len(cmds), done
@@ -150,8 +157,15 @@ def test_readme_cpu_commands_run_in_order(tmp_path):
     (ev,) = [json.loads(l) for l in (q / "checkpoints" / "eval.jsonl").read_text().splitlines()]
     assert (ev["step"], ev["split"], ev["batches"], Path(ev["data_path"]).resolve()) == (1, "val", 2, (q / "data").resolve()), ev
     assert (q / "checkpoints" / "meta_step_2.json").is_file(), "train --config runs/quickstart did not continue the run"
-    (ex,) = [json.loads(l) for l in (tmp_path / "hf" / "tiny" / "eval.jsonl").read_text().splitlines()]
-    assert ex["tokens"] == 8 * 128 and 0 < ex["loss"] < 11 and "model_dir" in ex, ex   # the exported folder, read as it is
+    assert not (tmp_path / "hf" / "tiny" / "eval.jsonl").exists(), "eval wrote into a model directory"   # read as it is, never written
+    evals = [l for l in r.stdout.splitlines() if l.startswith("model=hf/tiny")]
+    assert len(evals) == 1 and "tokens=1,024" in evals[0] and "not saved" in evals[0], evals
+    # the README's runs do not collide: each corpus and preset has its own run directory, each trained its step
+    for run_dir in ("runs/quickstart-my_texts/checkpoints", "runs/tiny-mine", "runs/tiny-quickstart"):
+        assert (tmp_path / run_dir / "meta_step_1.json").is_file(), run_dir
+    assert list((q / "checkpoints").glob("lm_eval_step2_python_qa.json")), "the example lm-eval task left no results"
+    (done,) = [l for l in r.stdout.splitlines() if l.startswith("done: ") and "runs/imported" in l]
+    assert " at step 1 (" in done and " -> " not in done.split(" | ")[1], done    # one evaluation: one loss, not "x -> x"
     imported = yaml.safe_load((tmp_path / "runs" / "imported" / "config.yaml").read_text())["training"]["checkpoint_dir"]
     assert Path(imported).is_absolute() and Path(imported).resolve() == (tmp_path / "runs" / "imported").resolve()
 

@@ -525,3 +525,29 @@ def test_document_resets_with_shared_bc_and_pair_blocks():
 
     assert_grads_close(ssd_grads(ssd_triton, shared, state, chunk_size=16, seq_idx=sid),
                        ssd_grads(reference, shared, state, chunk_size=16, seq_idx=sid), 1e-3)
+
+
+@pytest.mark.parametrize("module", ["ssd_triton", "decode"])
+def test_every_runtime_loop_bound_is_a_constant_under_the_interpreter(module):
+    """Triton 3.6's interpreter hands a `range`/`tl.range` bounded by a runtime kernel argument a 1-element array,
+    which numpy >= 2.5 refuses to turn into an int: every kernel argument a loop bound reads is annotated
+    (`tl.constexpr`, or the module's `constexpr`, a constant only under the interpreter), and no bound reads an
+    assigned local (the interpreter makes it a tensor, even `(NC + CB - 1) // CB` of constants)."""
+    import ast
+    import importlib
+    src = Path(importlib.import_module(f"mamba3_lite.{module}").__file__).read_text()
+    bare, kernels = [], 0
+    for fn in ast.walk(ast.parse(src)):
+        if not (isinstance(fn, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in fn.decorator_list)):
+            continue
+        kernels += 1
+        args = {a.arg: a.annotation for a in fn.args.args}
+        made = {t.id: node.value for node in ast.walk(fn) if isinstance(node, ast.Assign)   # an assigned local is a
+                for t in node.targets if isinstance(t, ast.Name)}                          # tensor there too
+        for call in ast.walk(fn):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) in ("range", "tl.range", "tl.static_range"):
+                names = {n.id for a in call.args for n in ast.walk(a) if isinstance(n, ast.Name)}
+                bare += [f"{fn.name}: {n}" for n in sorted(names) if n in args and args[n] is None]
+                bare += [f"{fn.name}: {n} = {ast.unparse(made[n])}" for n in sorted(names) if n in made]
+    print(f"{module}: {kernels} jit functions, loop bounds on unannotated arguments: {bare}")
+    assert kernels and not bare, bare

@@ -320,9 +320,11 @@ def test_banner_progress_eval_tokens_and_loss_png(tmp_path, capsys):
     res = T.run_training(tiny_cfg(run, max_steps=4, log_every=2, eval_every=2), log=msgs.append)
     n = tiny_model().num_parameters()
     banner = [m for m in msgs if m.startswith("[train]")]
-    assert banner == [f"[train] {n:,} parameters ({n - 256 * 64:,} non-embedding) | world size 1 | device cpu, fp32, 1 CPU thread",
-                      "[train] 2 micro-batch x 2 accumulation x 1 rank x 16 tokens = 64 tokens per optimizer step",
-                      "[train] steps 0 -> 4: 4 steps, 256 tokens"], banner
+    assert banner[:4] == [f"[train] {n:,} parameters ({n - 256 * 64:,} non-embedding) | world size 1 | device cpu, fp32, 1 CPU thread",
+                          "[train] 2 micro-batch x 2 accumulation x 1 rank x 16 tokens = 64 tokens per optimizer step",
+                          "[train] steps 0 -> 4: 4 steps, 256 tokens",
+                          "[train] ssd pytorch | reset_at_eos off | compile off | grad_checkpoint off | tokenizer gpt2"], banner
+    assert banner[4].startswith("[train] lr cosine: warmup ") and banner[5].startswith("[train] step 1 took "), banner
     out = capsys.readouterr().out.splitlines()
     steps = [x for x in out if x.startswith("step=")]
     assert [x.split(" | ")[0] for x in steps] == ["step=      2/4", "step=      4/4"] and "eta=" in steps[0], steps
