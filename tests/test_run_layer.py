@@ -58,15 +58,17 @@ def test_mixer_fields_are_written_once():
 
 def test_reset_at_eos_is_read_where_it_acts():
     """Read by the config (its field), the dataset (`PretrainDataset.from_config`, the one place a run's dataset is made,
-    for the streams and for eval alike) and `generate`; in the CLI only the train flag that sets the field and generate."""
+    for the streams and for eval alike) and `generate`; in the CLI only the train flag that sets the field and generate;
+    in train only the startup banner that shows it."""
     readers = {}
     for m in sorted(PKG.glob("*.py")):
         if m.stem == "_modidx": continue
         for top in tree(m.stem).body:
             if any(isinstance(n, ast.Attribute) and n.attr == "reset_at_eos" for n in ast.walk(top)):
                 readers.setdefault(m.stem, set()).add(getattr(top, "name", "<module>"))
-    assert sorted(readers) == ["cli", "data"], readers
+    assert sorted(readers) == ["cli", "data", "train"], readers
     assert readers["cli"] == {"_cli_config", "generate_cli"}, readers["cli"]
+    assert readers["train"] == {"_banner_options"}, readers["train"]
     assert "from_config" in readers["data"], readers["data"]
     assert not any("get_doc_batch" in (PKG / f"{m}.py").read_text() for m in ("data", "evaluate", "streams", "train", "cli"))
 
