@@ -275,6 +275,63 @@ def _weights(t, a2, sig, gam):
     w = tl.where(t[:, None] > t[None, :], tl.exp2(tl.minimum(a2[:, None] - a2[None, :], 0.)), 0.) * sig[None, :]
     return tl.where(t[:, None] == t[None, :], gam[:, None], w)
 
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c0a
+@triton.jit
+def _log_decays(adt):
+    "A chunk's log-decays from its ΔA: a_t = Σ_{s ≤ t} ΔA_s (≤ 0), a_last, and a in log2 units (exp2 on the (L, L) tile)."
+    a = tl.cumsum(adt, axis=0)
+    return a, tl.sum(adt, axis=0), a * 1.4426950408889634
+
+
+@triton.jit
+def _chunk_docs(rst_ptr, offs, t, mt, L: tl.constexpr, HAS_RST: tl.constexpr):
+    "`_doc_bounds` of a chunk (st, first, last); without document starts it is one document: (t, L, -1)."
+    if HAS_RST:
+        st, first, last = _doc_bounds(rst_ptr, offs, t, mt, L)
+    else:
+        st, first, last = t, L, -1
+    return st, first, last
+
+
+@triton.jit
+def _read_write(a, a_last, t, first, last, HAS_RST: tl.constexpr):
+    """The weights of the read of H_in, e^{a_t} (the chunk's first document only), and of the write into the
+    chunk-end state, e^{a_last - a_t} (its last document only)."""
+    ea = tl.exp(a)
+    ek = tl.exp(a_last - a)
+    if HAS_RST:
+        ea = tl.where(t < first, ea, 0.)
+        ek = tl.where(t >= last, ek, 0.)
+    return ea, ek
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c0b
+@triton.jit
+def _chunk_decay(a_last, last, HAS_RST: tl.constexpr):
+    "The state's decay over a chunk, e^{a_last}; 0 where a document starts in it (nothing carries over)."
+    dec = tl.exp(a_last)
+    if HAS_RST:
+        dec = tl.where(last < 0, dec, 0.)
+    return dec
+
+
+@triton.jit
+def _skip(d_ptr, ih, HAS_D: tl.constexpr):
+    "Head `ih`'s D skip weight, 0 without D."
+    dskip = 0.
+    if HAS_D:
+        dskip = tl.load(d_ptr + ih).to(tl.float32)
+    return dskip
+
+
+@triton.jit
+def _initial_state(h0_ptr, off, P: tl.constexpr, N: tl.constexpr, HAS_H0: tl.constexpr):
+    "The (P, N) state a walk starts from: h'_{-1} at `h0_ptr + off` (a (P, N) tile's offsets), or zeros."
+    if HAS_H0:
+        h = tl.load(h0_ptr + off)
+    else:
+        h = tl.zeros((P, N), tl.float32)
+    return h
+
 # %% ../nbs/01_ssd_triton.ipynb #718b6fdc
 @triton.jit
 def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_ptr, rst_ptr, y_ptr, ht_ptr, hs_ptr,
@@ -288,47 +345,30 @@ def _ssd_fwd_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_ptr, h0_
     x_ptr += ib * sxb                                          # this sequence's rows of x
     t = tl.arange(0, L); p = tl.arange(0, P); n = tl.arange(0, N)
     sto = p[:, None] * N + n[None, :]                          # a (P, N) state
-    if HAS_H0:
-        h = tl.load(h0_ptr + bh * P * N + sto)
-    else:
-        h = tl.zeros((P, N), tl.float32)
-    dskip = 0.
-    if HAS_D:
-        dskip = tl.load(d_ptr + ih).to(tl.float32)
+    h = _initial_state(h0_ptr, bh * P * N + sto, P, N, HAS_H0)
+    dskip = _skip(d_ptr, ih, HAS_D)
     for c in tl.range(0, NC):                                 # pipelined: the loads depend on c only
-        t0 = ib * T + c * L                                       # first token of the chunk
-        mt = c * L + t < T
+        t0, mt = ib * T + c * L, c * L + t < T                    # first token of the chunk; real tokens
         row = (t0 + t) * H + ih                                   # rows of (b, T, H) tensors
-        if STORE:
-            tl.store(hs_ptr + (bh * NC + c) * P * N + sto, h.to(hs_ptr.dtype.element_ty))   # bf16 on a GPU
+        if STORE: tl.store(hs_ptr + (bh * NC + c) * P * N + sto, h.to(hs_ptr.dtype.element_ty))   # bf16 on a GPU
         bco = t0 * H * N + (t * H + ih)[:, None] * N + n[None, :]
         bt = tl.load(bt_ptr + bco, mask=mt[:, None], other=0.)   # keys B̃, (L, N)
         ct = tl.load(ct_ptr + bco, mask=mt[:, None], other=0.)   # queries C̃
-        adt = tl.load(adt_ptr + row, mask=mt, other=0.)
-        sig = tl.load(sig_ptr + row, mask=mt, other=0.)
-        a = tl.cumsum(adt, axis=0)                                # chunk-local log-decay, <= 0
-        a_last = tl.sum(adt, axis=0)
-        a2 = a * 1.4426950408889634                              # log2 units: exp2 on the (L, L) tile
+        adt, sig = tl.load(adt_ptr + row, mask=mt, other=0.), tl.load(sig_ptr + row, mask=mt, other=0.)
+        a, a_last, a2 = _log_decays(adt)
         w = _weights(t, a2, sig, tl.load(gam_ptr + row, mask=mt, other=0.))
-        if HAS_RST:                                               # nothing crosses a document start
-            st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
-            w = tl.where(t[None, :] >= st[:, None], w, 0.)
+        st, first, last = _chunk_docs(rst_ptr, ib * T + c * L + t, t, mt, L, HAS_RST)
+        if HAS_RST: w = tl.where(t[None, :] >= st[:, None], w, 0.)   # nothing crosses a document start
         g = tl.dot(ct, tl.trans(bt), input_precision=PREC)        # C̃ B̃ᵀ, (L, L)
         xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]
         xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]
         x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)       # (L, P), input dtype
         y = _mm(g * w, x, DOT_DTYPE, PREC) + dskip * x.to(tl.float32)
-        ea = tl.exp(a)                                            # the read of H_in: the chunk's first document only
-        ek = tl.exp(a_last - a)                                   # the write into the chunk-end state: its last document
-        dec = tl.exp(a_last)
-        if HAS_RST:
-            ea = tl.where(t < first, ea, 0.)
-            ek = tl.where(t >= last, ek, 0.)
-            dec = tl.where(last < 0, dec, 0.)
+        ea, ek = _read_write(a, a_last, t, first, last, HAS_RST)  # the read of H_in; the write into the chunk end
+        dec = _chunk_decay(a_last, last, HAS_RST)
         y += ea[:, None] * _mm(ct, tl.trans(h), DOT_DTYPE, PREC)
         tl.store(y_ptr + xo, y.to(y_ptr.dtype.element_ty), mask=mt[:, None])
-        if HAS_RST:                                               # again: the masks take the registers that held it
-            x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)
+        if HAS_RST: x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)   # again: the masks took the registers
         xk = (x.to(tl.float32) * (sig * ek)[:, None]).to(DOT_DTYPE)   # x weighted into the chunk end
         h = dec * h + tl.dot(tl.trans(xk), bt, input_precision=PREC)
     tl.store(ht_ptr + bh * P * N + sto, h)
@@ -523,20 +563,15 @@ def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, r
                  dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
                  L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr,
                  HAS_RST: tl.constexpr, DO_BC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
-    """The DO_X half: dX, d(ΔA), dσ, dγ and the chunk's D partial sum, from the sums over the state Gᵀ = B̃ C̃ᵀ,
-    U = B̃ dHᵀ, the read of H_in's row sums `rq` and <dH, H_in> that the DO_BC pass (`_bwd_tiles`) handed over, or, in
-    a launch of its own (<dH, H_in> from the DO_BC launch's store), from three passes over the state tiles, each sum made where it is used and spent before the next
-    (held together they spill on sm_80). After DO_BC in the same launch, X and dY (`x`, `dy`) are the tiles DO_BC
-    loaded, held through its pass; a launch of its own loads both (`x`, `dy` are placeholders there). γ (`gam`) comes
-    from the kernel. The (L, L) tiles are held transposed (keys along rows, the way dX = (G ⊙ W ⊙ σ)ᵀ dY reads
-    them)."""
+    """The DO_X half: dX, d(ΔA), dσ, dγ and the chunk's D partial sum, from the sums over the state (Gᵀ = B̃ C̃ᵀ,
+    U = B̃ dHᵀ, the read's row sums `rq`, <dH, H_in>) that DO_BC handed over in the same launch, or, in a launch of its
+    own, made here in three passes over the state tiles (see the text above)."""
     if not DO_BC:
         x = tl.load(x_ptr + xx, mask=mt[:, None], other=0.)                           # (L, P), input dtype
         dy = tl.load(dy_ptr + xo, mask=mt[:, None], other=0.)
     rdiag = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1)                       # dY·X per row
     tl.store(dd_ptr + bh * NC + c, tl.sum(rdiag, axis=0))                            # γ-diagonal and D skip
-    if not DO_BC:
-        gt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
+    if not DO_BC: gt = _gram(bt_ptr, ct_ptr, bco, mt, L, N, BN, PREC)
     cb = _diag(gt, t)                                                                  # C·B
     tl.store(dgam_ptr + row, rdiag * cb, mask=mt)
     gw = gt * _mask_t(t, st, a2, HAS_RST)                                              # (G ⊙ W)ᵀ
@@ -544,12 +579,9 @@ def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, r
     dwwt = pgt * sig[:, None]                                                          # (dL/dW ⊙ W)ᵀ
     da = tl.sum(dwwt, axis=0) - tl.sum(dwwt, axis=1)                                   # the mask: rows +, columns -
     dsig = tl.sum(pgt, axis=1)
-    if not DO_BC:
-        u = _read_state(bt_ptr, dhs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)     # B̃ dHᵀ, (L, P)
+    if not DO_BC: u = _read_state(bt_ptr, dhs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)     # B̃ dHᵀ, (L, P)
     # dX: the intra-chunk product, diagonal + skip, and the write into H_out
-    dskip = 0.
-    if HAS_D:
-        dskip = tl.load(d_ptr + ih).to(tl.float32)
+    dskip = _skip(d_ptr, ih, HAS_D)
     dx = (_mm(gw * sig[:, None], dy, DOT_DTYPE, PREC) + (gam * cb + dskip)[:, None] * dy.to(tl.float32)
           + wk[:, None] * u)
     tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=mt[:, None])
@@ -561,11 +593,8 @@ def _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, r
         q = _read_state(ct_ptr, hs_ptr, bco, sto, mt, L, P, N, BN, DOT_DTYPE, PREC)  # C̃ H_inᵀ, (L, P)
         rq = tl.sum(dy.to(tl.float32) * ea[:, None] * q, axis=1)
     da += rq - r
-    dec = tl.exp(a_last)
-    if HAS_RST:
-        dec = tl.where(last < 0, dec, 0.)
-    if not DO_BC:
-        dsl = tl.load(dsl_ptr + bh * NC + c)
+    dec = _chunk_decay(a_last, last, HAS_RST)
+    if not DO_BC: dsl = tl.load(dsl_ptr + bh * NC + c)
     da_last = tl.sum(r, axis=0) + dec * dsl
     tl.store(dadt_ptr + row, tl.cumsum(da, axis=0, reverse=True) + da_last, mask=mt)
 
@@ -576,17 +605,13 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_pt
                           L: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DO_X: tl.constexpr,
                           DO_BC: tl.constexpr, HAS_D: tl.constexpr, HAS_RST: tl.constexpr, DOT_DTYPE: tl.constexpr,
                           PREC: tl.constexpr):
-    """The gradients of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b).
-    DO_X: those of x, ΔA, σ, γ and D; DO_BC: dB̃ and dC̃ (in the rotated frame: the angle kernel rotates them back)
-    and <dH_out, H_in>. Either or both: where registers are scarce the two halves run as two launches, DO_BC first,
-    which stores <dH_out, H_in> at `dsl_ptr` for the DO_X launch. In one launch, each tile of the
-    state is loaded once, in one pass of BN-column tiles (`_bwd_tiles`)."""
+    """The gradients of one chunk of one (batch, head) from its H_in and dL/dH_out; grid (NC, H, b). DO_X: those of
+    x, ΔA, σ, γ and D; DO_BC: dB̃, dC̃ (rotated frame) and <dH_out, H_in>; either or both (the text above)."""
     c, ih, ib = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     bh = ib * H + ih
     x_ptr += ib * sxb                                          # this sequence's rows of x
     t = tl.arange(0, L); p = tl.arange(0, P)
-    t0 = ib * T + c * L
-    mt = c * L + t < T
+    t0, mt = ib * T + c * L, c * L + t < T                                            # first token; real tokens
     row = (t0 + t) * H + ih
     xo = t0 * H * P + (t * H + ih)[:, None] * P + p[None, :]                       # dY, dX
     bco = t0 * H * N + (t * H + ih)[:, None] * N                                        # + a tile of state columns
@@ -594,17 +619,9 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_pt
     sig = tl.load(sig_ptr + row, mask=mt, other=0.)
     gam = tl.load(gam_ptr + row, mask=mt, other=0.)
     adt = tl.load(adt_ptr + row, mask=mt, other=0.)
-    a = tl.cumsum(adt, axis=0)
-    a_last = tl.sum(adt, axis=0)
-    a2 = a * 1.4426950408889634
-    ea = tl.exp(a)                                                                     # the read of H_in
-    ek = tl.exp(a_last - a)                                                            # the write into H_out
-    if HAS_RST:                                                                        # nothing crosses a document start
-        st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
-        ea = tl.where(t < first, ea, 0.)
-        ek = tl.where(t >= last, ek, 0.)
-    else:                                                                              # one document: nothing is read
-        st, first, last = t, L, -1
+    a, a_last, a2 = _log_decays(adt)
+    st, first, last = _chunk_docs(rst_ptr, ib * T + c * L + t, t, mt, L, HAS_RST)     # nothing crosses a document start
+    ea, ek = _read_write(a, a_last, t, first, last, HAS_RST)                           # the read of H_in, the write into H_out
     wk = sig * ek                                                                      # κ = σ e^{a_last - a}
     xx = (c * L + t)[:, None] * sxt + ih * P + p[None, :]                              # X
     gt, u, rq, dsl, x, dy = wk, wk, wk, 0., wk, wk              # placeholders: a DO_X-only launch makes its own
@@ -615,8 +632,7 @@ def _ssd_bwd_chunk_kernel(x_ptr, bt_ptr, ct_ptr, adt_ptr, sig_ptr, gam_ptr, d_pt
         gd = tl.sum(dy.to(tl.float32) * x.to(tl.float32), axis=1) * gam   # r γ; mgt: dL/dGᵀ = (X dYᵀ ⊙ Wᵀ) σ
         gt, u, rq, dsl = _bwd_tiles(bt_ptr, ct_ptr, hs_ptr, dhs_ptr, db_ptr, dc_ptr, bco, sto, mt, mgt, x, dy, wk, ea, gd, L,
                                     P, N, BN, DO_X, DOT_DTYPE, PREC)
-        if not DO_X:                                            # for the DO_X launch, which runs after this one
-            tl.store(dsl_ptr + bh * NC + c, dsl)
+        if not DO_X: tl.store(dsl_ptr + bh * NC + c, dsl)        # for the DO_X launch, which runs after this one
     if DO_X:
         _bwd_chunk_x(x_ptr, bt_ptr, ct_ptr, hs_ptr, dy_ptr, dhs_ptr, x, dy, gt, u, rq, dsl, gam, d_ptr, dsl_ptr, dx_ptr, dadt_ptr, dsig_ptr,
                      dgam_ptr, dd_ptr, ih, bh, c, NC, row, xo, xx, bco, sto, mt, t, st, last, sig, a2, a_last, ea, ek, wk,
@@ -684,45 +700,25 @@ def _angle_head(b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dt, phis_ptr, gb_ptr
     tl.store(ddt_ptr + row * NJA + jb, tl.sum(ddl * om, axis=1), mask=mt & (jb < NJA))   # blocks with angles
     return gbe, gbo, gce, gco, ddl * dt[:, None]
 
-# %% ../nbs/01_ssd_triton.ipynb #2deece52
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c0d
 @triton.jit
-def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, db_ptr,
-                          dc_ptr, pbb_ptr, pcb_ptr, dom_ptr, ddt_ptr, du_ptr, T, H, S, NC, OM_H, om_hs, G, NJ, NJA,
-                          L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr, HGP: tl.constexpr,
-                          OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
-    """One chunk of the rotation's backward for the HG heads of one (batch, group) and one block of NH pairs: the
-    heads' dB̃, dC̃ rotated back and summed over the heads into the group's dB, dC (stored in B's dtype), over the
-    chunk's tokens into the heads' bias-gradient partial sums (per sequence and chunk, fp32), and the angle gradient
-    turned into dω (summed over the heads where ω is shared), dΔ (a partial sum per block of pairs with angles) and
-    what each chunk's first document reads of its carry; a block without angles only sums; grid (NC, b, G · NJ)."""
-    c, ib, q = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
-    ig, jb = q // NJ, q % NJ
-    t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH); hr = tl.arange(0, HGP)   # this block's pairs; the heads
-    b_ptr += 2 * jb * NH; c_ptr += 2 * jb * NH; gb_ptr += 2 * jb * NH; gc_ptr += 2 * jb * NH
-    db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH; pbb_ptr += 2 * jb * NH; pcb_ptr += 2 * jb * NH
-    t0 = ib * T + c * L
-    mt = c * L + t < T
+def _doc_ends(rst_ptr, ib, T, c, t, mt, L: tl.constexpr, HAS_RST: tl.constexpr):
+    "A chunk's (st, first) of `_doc_bounds` and whether each token ends a document; without starts, one document."
     if HAS_RST:
         st, first, last = _doc_bounds(rst_ptr, ib * T + c * L + t, t, mt, L)
         ends = tl.load(rst_ptr + ib * T + c * L + t + 1, mask=c * L + t + 1 < T, other=0).to(tl.int32)   # t ends a doc
     else:                                                             # one document
         st, first, ends = t, L, t
-    sbe = tl.zeros((HGP, NH), tl.float32); sbo = tl.zeros((HGP, NH), tl.float32)   # the heads' bias gradients,
-    sce = tl.zeros((HGP, NH), tl.float32); sco = tl.zeros((HGP, NH), tl.float32)   # (even, odd) pairs of B, C
-    dbe = tl.zeros((L, NH), tl.float32); dbo = tl.zeros((L, NH), tl.float32)       # the group's dB, dC pairs
-    dce = tl.zeros((L, NH), tl.float32); dco = tl.zeros((L, NH), tl.float32)
-    dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
-    mom = mt[:, None] & (j < S)[None, :]
-    bbe, bbo, cbe, cbo, b_e, b_o, c_e, c_o, om = sbe, sbo, sce, sco, dbe, dbo, dce, dco, dom_g   # stand-ins
-    dtg = tl.zeros((L, HGP), tl.float32)
-    if jb * NH < S:                  # pairs with angles: the group's B, C and the heads' biases, Δ and ω, once for all
-        bbe, bbo, cbe, cbo = _bias_tiles(bb_ptr + ig * HG * N + 2 * jb * NH, cb_ptr + ig * HG * N + 2 * jb * NH, hr,
-                                         hr < HG, sbe, N, NH, HAS_BIAS)
-        b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)
-        c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
-        if OM_SHARED: om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)   # (b, T, 1, S)
-        dtg = tl.load(dt_ptr + (t0 + t)[:, None] * H + (ig * HG + hr)[None, :], mask=mt[:, None] & (hr < HG)[None, :],
-                      other=0.)                                       # Δ of its heads, (L, HGP)
+    return st, first, ends
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c0c
+@triton.jit
+def _angle_group(b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dtg, sbe, sbo, sce, sco, dbe, dbo, dce, dco, dom_g, om_ptr,
+                 phis_ptr, gb_ptr, gc_ptr, ddt_ptr, du_ptr, dom_ptr, ib, ig, c, t0, t, j, jb, hr, mt, mom, st, first, ends,
+                 H, S, NC, OM_H, om_hs, NJA, L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr,
+                 OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
+    """The HG heads of one group, one after the other: each head's gradients (`_angle_head`; for pairs without angles
+    its dB̃, dC̃ as they are) added into the group's dB, dC pairs, the heads' bias sums and the shared dω."""
     for hh in range(HG):
         ih, mine = ig * HG + hh, (hr == hh)[:, None]
         if jb * NH < S:
@@ -741,6 +737,14 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
             sce, sco = _add_token_sums(sce, he, mine), _add_token_sums(sco, ho, mine)
         if OM_SHARED: dom_g += dom_h
         else: tl.store(dom_ptr + t0 * H * S + (t * H + ih)[:, None] * S + j[None, :], dom_h, mask=mom)
+    return sbe, sbo, sce, sco, dbe, dbo, dce, dco, dom_g
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c0e
+@triton.jit
+def _store_group(db_ptr, dc_ptr, dom_ptr, pbb_ptr, pcb_ptr, dbe, dbo, dce, dco, dom_g, sbe, sbo, sce, sco, ib, ig, c,
+                 t0, t, j, hr, mt, mom, H, S, NC, G, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr,
+                 OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr):
+    "A group's dB, dC pairs (in B's dtype), its shared dω and its heads' bias-gradient partial sums, stored."
     _store_pairs(db_ptr + t0 * G * N, t * G + ig, mt, dbe, dbo, N, NH)
     _store_pairs(dc_ptr + t0 * G * N, t * G + ig, mt, dce, dco, N, NH)
     if OM_SHARED:
@@ -749,6 +753,44 @@ def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr
         prow = (ib * NC + c) * H + ig * HG + hr
         _store_pairs(pbb_ptr, prow, hr < HG, sbe, sbo, N, NH)
         _store_pairs(pcb_ptr, prow, hr < HG, sce, sco, N, NH)
+
+# %% ../nbs/01_ssd_triton.ipynb #2deece52
+@triton.jit
+def _ssd_bwd_angle_kernel(b_ptr, c_ptr, bb_ptr, cb_ptr, om_ptr, dt_ptr, phis_ptr, rst_ptr, gb_ptr, gc_ptr, db_ptr,
+                          dc_ptr, pbb_ptr, pcb_ptr, dom_ptr, ddt_ptr, du_ptr, T, H, S, NC, OM_H, om_hs, G, NJ, NJA,
+                          L: tl.constexpr, N: tl.constexpr, NH: tl.constexpr, HG: tl.constexpr, HGP: tl.constexpr,
+                          OM_SHARED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RST: tl.constexpr):
+    """One chunk of the rotation's backward for the HG heads of one (batch, group) and one block of NH pairs (the text
+    above says what it sums where); grid (NC, b, G · NJ)."""
+    c, ib, q = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    ig, jb = q // NJ, q % NJ
+    t = tl.arange(0, L); j = jb * NH + tl.arange(0, NH); hr = tl.arange(0, HGP)   # this block's pairs; the heads
+    b_ptr += 2 * jb * NH; c_ptr += 2 * jb * NH; gb_ptr += 2 * jb * NH; gc_ptr += 2 * jb * NH
+    db_ptr += 2 * jb * NH; dc_ptr += 2 * jb * NH; pbb_ptr += 2 * jb * NH; pcb_ptr += 2 * jb * NH
+    t0, mt = ib * T + c * L, c * L + t < T                          # first token of the chunk; real tokens
+    st, first, ends = _doc_ends(rst_ptr, ib, T, c, t, mt, L, HAS_RST)
+    sbe = tl.zeros((HGP, NH), tl.float32); sbo = tl.zeros((HGP, NH), tl.float32)   # the heads' bias gradients,
+    sce = tl.zeros((HGP, NH), tl.float32); sco = tl.zeros((HGP, NH), tl.float32)   # (even, odd) pairs of B, C
+    dbe = tl.zeros((L, NH), tl.float32); dbo = tl.zeros((L, NH), tl.float32)       # the group's dB, dC pairs
+    dce = tl.zeros((L, NH), tl.float32); dco = tl.zeros((L, NH), tl.float32)
+    dom_g = tl.zeros((L, NH), tl.float32)                             # dω summed over the heads (OM_SHARED)
+    mom = mt[:, None] & (j < S)[None, :]
+    bbe, bbo, cbe, cbo, b_e, b_o, c_e, c_o, om = sbe, sbo, sce, sco, dbe, dbo, dce, dco, dom_g   # stand-ins
+    dtg = tl.zeros((L, HGP), tl.float32)
+    if jb * NH < S:                  # pairs with angles: the group's B, C and the heads' biases, Δ and ω, once for all
+        bbe, bbo, cbe, cbo = _bias_tiles(bb_ptr + ig * HG * N + 2 * jb * NH, cb_ptr + ig * HG * N + 2 * jb * NH, hr,
+                                         hr < HG, sbe, N, NH, HAS_BIAS)
+        b_e, b_o = _load_pairs(b_ptr + t0 * G * N, t * G + ig, mt, N, NH)
+        c_e, c_o = _load_pairs(c_ptr + t0 * G * N, t * G + ig, mt, N, NH)
+        if OM_SHARED: om = tl.load(om_ptr + t0 * S + t[:, None] * S + j[None, :], mask=mom, other=0.)   # (b, T, 1, S)
+        dtg = tl.load(dt_ptr + (t0 + t)[:, None] * H + (ig * HG + hr)[None, :], mask=mt[:, None] & (hr < HG)[None, :],
+                      other=0.)                                       # Δ of its heads, (L, HGP)
+    sbe, sbo, sce, sco, dbe, dbo, dce, dco, dom_g = _angle_group(
+        b_e, b_o, c_e, c_o, om, bbe, bbo, cbe, cbo, dtg, sbe, sbo, sce, sco, dbe, dbo, dce, dco, dom_g, om_ptr, phis_ptr,
+        gb_ptr, gc_ptr, ddt_ptr, du_ptr, dom_ptr, ib, ig, c, t0, t, j, jb, hr, mt, mom, st, first, ends, H, S, NC, OM_H,
+        om_hs, NJA, L, N, NH, HG, OM_SHARED, HAS_BIAS, HAS_RST)
+    _store_group(db_ptr, dc_ptr, dom_ptr, pbb_ptr, pcb_ptr, dbe, dbo, dce, dco, dom_g, sbe, sbo, sce, sco, ib, ig, c,
+                 t0, t, j, hr, mt, mom, H, S, NC, G, N, NH, HG, OM_SHARED, HAS_BIAS)
 
 # %% ../nbs/01_ssd_triton.ipynb #08921e89
 def _angle_pairs(N):
@@ -938,6 +980,35 @@ def _tanh64(x):
     e = tl.exp(-2. * tl.abs(x))
     return tl.where(x < 0., -1., 1.) * ((1. - e) / (1. + e))
 
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c07
+@triton.jit
+def _chunk_turns(th_ptr, om_ptr, turn_ptr, starts_ptr, dt, ib, c, t, tt, h, last, T, H: constexpr, S, NC, OM_H,
+                 L: tl.constexpr, SP: tl.constexpr, HAS_RST: tl.constexpr, SHARED: tl.constexpr):
+    """Each head's turn over one chunk's last document, Σ_t Δ_t ω_t (fp32 products summed in fp64), and whether the
+    chunk holds a document start; with SHARED the rates ω = π tanh θ are made here (fp64, π in two fp32 parts,
+    rounded once) and stored."""
+    s = tl.arange(0, SP)
+    ms = (t < T)[:, None] & (s < S)[None, :]
+    om = tl.zeros((L, SP), tl.float32)
+    if SHARED:
+        srow = (ib * T + t)[:, None] * S + s[None, :]
+        th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
+        om = (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32)
+        tl.store(om_ptr + srow, om, mask=ms)
+    if HAS_RST:
+        tl.store(starts_ptr + ib * NC + c, (last >= 0).to(tl.int32))
+    dk = tl.where((tt >= last)[:, None], dt, 0.)              # Δ of the chunk's last document (all without starts)
+    if SHARED:                                                 # every head's turn at once: (HP, SP), fp64
+        turn = tl.dot(tl.trans(dk).to(tl.float64), om.to(tl.float64), input_precision="ieee")
+        tl.store(turn_ptr + ((ib * H + h)[:, None] * NC + c) * S + s[None, :], turn,
+                 mask=(h < H)[:, None] & (s < S)[None, :])
+    else:
+        for ih in tl.range(0, H):
+            om = tl.load(om_ptr + ((ib * T + t)[:, None] * OM_H + ih) * S + s[None, :], mask=ms, other=0.)
+            d = tl.sum(tl.where(h[None, :] == ih, dk, 0.), axis=1)   # Δ of head ih
+            turn = tl.sum((d[:, None] * om).to(tl.float64), axis=0)
+            tl.store(turn_ptr + ((ib * H + ih) * NC + c) * S + s, turn, mask=s < S)
+
 # %% ../nbs/01_ssd_triton.ipynb #da3e9f98
 @triton.jit
 def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, adt_ptr, gam_ptr, sig_ptr, turn_ptr,
@@ -945,11 +1016,8 @@ def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, adt_ptr
                         HAS_RST: tl.constexpr, HAS_THETA: tl.constexpr, SHARED: tl.constexpr):
     """The per-token scalars of one chunk of one sequence, all H heads ((L, HP) tiles, HP >= H a power of two):
     ΔA (0 at a document start), γ = λΔ and σ_t = γ_t + ε_{t+1}, ε = (1 - λ)Δ (0 at a document start and past the
-    last token). With HAS_THETA also each head's turn over the chunk, Σ_t Δ_t ω_t (fp32 products summed in fp64)
-    over the chunk's last document, which the angle carry sums (`_ssd_carry_kernel`), and whether the chunk
-    holds a document start; with SHARED the angle rates ω = π tanh θ of the shared θ (b, T, S) are made here (in fp64,
-    π in two fp32 parts, rounded once) and stored, else read per head from `om_ptr` (b, T, OM_H, S). grid (NC, b).
-    Δ, A, λ: contiguous fp32 (b, T, H)."""
+    last token); with HAS_THETA the chunk's turns, which the angle carry sums (`_chunk_turns`). grid (NC, b).
+    Δ, A, λ: contiguous fp32 (b, T, H); θ (b, T, S) shared, or ω (b, T, OM_H, S) per head."""
     c, ib = tl.program_id(0), tl.program_id(1).to(tl.int64)
     tt = tl.arange(0, L); t = c * L + tt; h = tl.arange(0, HP)
     row = (ib * T + t)[:, None] * H + h[None, :]
@@ -976,27 +1044,58 @@ def _ssd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, adt_ptr
     tl.store(gam_ptr + row, gam, mask=m)
     tl.store(sig_ptr + row, gam + epsn, mask=m)
     if HAS_THETA:
-        s = tl.arange(0, SP)
-        ms = (t < T)[:, None] & (s < S)[None, :]
-        om = tl.zeros((L, SP), tl.float32)
-        if SHARED:
-            srow = (ib * T + t)[:, None] * S + s[None, :]
-            th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
-            om = (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32)
-            tl.store(om_ptr + srow, om, mask=ms)
-        if HAS_RST:
-            tl.store(starts_ptr + ib * NC + c, (last >= 0).to(tl.int32))
-        dk = tl.where((tt >= last)[:, None], dt, 0.)              # Δ of the chunk's last document (all without starts)
-        if SHARED:                                                 # every head's turn at once: (HP, SP), fp64
-            turn = tl.dot(tl.trans(dk).to(tl.float64), om.to(tl.float64), input_precision="ieee")
-            tl.store(turn_ptr + ((ib * H + h)[:, None] * NC + c) * S + s[None, :], turn,
-                     mask=(h < H)[:, None] & (s < S)[None, :])
-        else:
-            for ih in tl.range(0, H):
-                om = tl.load(om_ptr + ((ib * T + t)[:, None] * OM_H + ih) * S + s[None, :], mask=ms, other=0.)
-                d = tl.sum(tl.where(h[None, :] == ih, dk, 0.), axis=1)   # Δ of head ih
-                turn = tl.sum((d[:, None] * om).to(tl.float64), axis=0)
-                tl.store(turn_ptr + ((ib * H + ih) * NC + c) * S + s, turn, mask=s < S)
+        _chunk_turns(th_ptr, om_ptr, turn_ptr, starts_ptr, dt, ib, c, t, tt, h, last, T, H, S, NC, OM_H, L, SP, HAS_RST,
+                     SHARED)
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c09
+@triton.jit
+def _last_start(start, tt, HAS_RST: tl.constexpr):
+    "A chunk's last document start (a token index), -1 if none, from its (L, 1) start flags."
+    last = -1
+    if HAS_RST:
+        last = tl.max(tl.max(tl.where(start, tt[:, None], -1), axis=0), axis=0)
+    return last
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c08
+@triton.jit
+def _turns_backward(th_ptr, om_ptr, dom_ptr, ddta_ptr, dturn_ptr, dth_ptr, ddt, dt, row, m, start, ib, c, t, tt, h, T,
+                    H: constexpr, S, NC, OM_H, G: constexpr, NJA, L: tl.constexpr, SP: tl.constexpr,
+                    NJAP: tl.constexpr, HAS_RST: tl.constexpr, SHARED: tl.constexpr):
+    """The angle path's share of one chunk's dΔ (returned, added to `ddt`): its in-chunk partial sums and the turns'
+    gradient; dω of the turns (per head, in place, or, with SHARED, summed over the G groups into dθ = dω π (1 - tanh² θ))."""
+    k = tl.arange(0, NJAP)                                      # the angle path's in-chunk share, NJA partial sums
+    ddt += tl.sum(tl.load(ddta_ptr + row[:, :, None] * NJA + k[None, None, :],
+                          mask=m[:, :, None] & (k < NJA)[None, None, :], other=0.), axis=2)
+    s = tl.arange(0, SP)
+    ms = (t < T)[:, None] & (s < S)[None, :]
+    last = _last_start(start, tt, HAS_RST)
+    keep = (tt >= last)[:, None] & ms                           # the tokens whose δ the chunk's turn sums
+    srow = (ib * T + t)[:, None] * S + s[None, :]
+    om, dom = tl.zeros((L, SP), tl.float32), tl.zeros((L, SP), tl.float32)
+    th = tl.zeros((L, SP), tl.float64)
+    if SHARED:
+        th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
+        om = (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32)
+        for ig in tl.range(0, G):
+            dom += tl.load(dom_ptr + ((ib * T + t)[:, None] * G + ig) * S + s[None, :], mask=ms, other=0.)
+    if SHARED:                  # the turn Σ Δ ω over the kept tokens, backward for every head at once
+        g = tl.load(dturn_ptr + ((ib * H + h)[:, None] * NC + c) * S + s[None, :],
+                    mask=(h < H)[:, None] & (s < S)[None, :], other=0.)        # dL/d(turn), (HP, SP)
+        ddt += tl.dot(tl.where(keep, om, 0.), tl.trans(g), input_precision="ieee")
+        dom += tl.dot(tl.where((tt >= last)[:, None], dt, 0.), g, input_precision="ieee")
+    else:
+        for ih in tl.range(0, H):
+            g = tl.load(dturn_ptr + ((ib * H + ih) * NC + c) * S + s, mask=s < S, other=0.)   # (SP,)
+            om = tl.load(om_ptr + ((ib * T + t)[:, None] * OM_H + ih) * S + s[None, :], mask=ms, other=0.)
+            dturn = tl.sum(tl.where(keep, om * g[None, :], 0.), axis=1)
+            ddt = tl.where(h[None, :] == ih, ddt + dturn[:, None], ddt)
+            drow = ((ib * T + t)[:, None] * H + ih) * S + s[None, :]
+            d = tl.sum(tl.where(h[None, :] == ih, dt, 0.), axis=1)
+            tl.store(dom_ptr + drow, tl.load(dom_ptr + drow, mask=ms, other=0.) + tl.where(keep, d[:, None] * g[None, :], 0.), mask=ms)
+    if SHARED:
+        gth = dom.to(tl.float64) * (1. - th * th)
+        tl.store(dth_ptr + srow, (gth * 3.1415927410125732 + gth * -8.742277657347586e-08).to(tl.float32), mask=ms)
+    return ddt
 
 # %% ../nbs/01_ssd_triton.ipynb #5c1a7e24
 @triton.jit
@@ -1022,6 +1121,7 @@ def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, dad
     hp = (ib * T + c * L - 1) * H + h
     dsig_prev = tl.load(dsig_ptr + hp, mask=(c > 0) & (h < H), other=0.)
     deps = tl.where((tt == 0)[:, None], dsig_prev[None, :], tl.dot(down, dsig, input_precision="ieee"))
+    start = m                                                   # a stand-in without document starts
     if HAS_RST:
         start = (tl.load(rst_ptr + ib * T + t, mask=t < T, other=0) != 0)[:, None]
         dadt = tl.where(start, 0., dadt)
@@ -1031,42 +1131,8 @@ def _ssd_bwd_scalars_kernel(dt_ptr, a_ptr, lam_ptr, rst_ptr, th_ptr, om_ptr, dad
     tl.store(da_ptr + row, dadt * dt, mask=m)
     tl.store(dlam_ptr + row, (dgam - deps) * dt, mask=m)
     if HAS_THETA:
-        k = tl.arange(0, NJAP)                                      # the angle path's in-chunk share, NJA partial sums
-        ddt += tl.sum(tl.load(ddta_ptr + row[:, :, None] * NJA + k[None, None, :],
-                              mask=m[:, :, None] & (k < NJA)[None, None, :], other=0.), axis=2)
-        s = tl.arange(0, SP)
-        ms = (t < T)[:, None] & (s < S)[None, :]
-        last = -1
-        if HAS_RST:
-            last = tl.max(tl.where(start, tt[:, None], -1), axis=0)   # the chunk's last document start, -1 if none
-            last = tl.max(last, axis=0)
-        keep = (tt >= last)[:, None] & ms                           # the tokens whose δ the chunk's turn sums
-        srow = (ib * T + t)[:, None] * S + s[None, :]
-        om = tl.zeros((L, SP), tl.float32)
-        dom = tl.zeros((L, SP), tl.float32)
-        th = tl.zeros((L, SP), tl.float64)
-        if SHARED:
-            th = _tanh64(tl.load(th_ptr + srow, mask=ms, other=0.))
-            om = (th * 3.1415927410125732 + th * -8.742277657347586e-08).to(tl.float32)
-            for ig in tl.range(0, G):
-                dom += tl.load(dom_ptr + ((ib * T + t)[:, None] * G + ig) * S + s[None, :], mask=ms, other=0.)
-        if SHARED:                  # the turn Σ Δ ω over the kept tokens, backward for every head at once
-            g = tl.load(dturn_ptr + ((ib * H + h)[:, None] * NC + c) * S + s[None, :],
-                        mask=(h < H)[:, None] & (s < S)[None, :], other=0.)        # dL/d(turn), (HP, SP)
-            ddt += tl.dot(tl.where(keep, om, 0.), tl.trans(g), input_precision="ieee")
-            dom += tl.dot(tl.where((tt >= last)[:, None], dt, 0.), g, input_precision="ieee")
-        else:
-            for ih in tl.range(0, H):
-                g = tl.load(dturn_ptr + ((ib * H + ih) * NC + c) * S + s, mask=s < S, other=0.)   # (SP,)
-                om = tl.load(om_ptr + ((ib * T + t)[:, None] * OM_H + ih) * S + s[None, :], mask=ms, other=0.)
-                dturn = tl.sum(tl.where(keep, om * g[None, :], 0.), axis=1)
-                ddt = tl.where(h[None, :] == ih, ddt + dturn[:, None], ddt)
-                drow = ((ib * T + t)[:, None] * H + ih) * S + s[None, :]
-                d = tl.sum(tl.where(h[None, :] == ih, dt, 0.), axis=1)
-                tl.store(dom_ptr + drow, tl.load(dom_ptr + drow, mask=ms, other=0.) + tl.where(keep, d[:, None] * g[None, :], 0.), mask=ms)
-        if SHARED:
-            gth = dom.to(tl.float64) * (1. - th * th)
-            tl.store(dth_ptr + srow, (gth * 3.1415927410125732 + gth * -8.742277657347586e-08).to(tl.float32), mask=ms)
+        ddt = _turns_backward(th_ptr, om_ptr, dom_ptr, ddta_ptr, dturn_ptr, dth_ptr, ddt, dt, row, m, start, ib, c, t, tt,
+                              h, T, H, S, NC, OM_H, G, NJA, L, SP, NJAP, HAS_RST, SHARED)
     tl.store(ddt_ptr + row, ddt, mask=m)
 
 # %% ../nbs/01_ssd_triton.ipynb #5c1a7e23
@@ -1074,6 +1140,57 @@ def _scalar_tiles(H, S):
     """(HP, SP) of the scalar kernels: the heads and angles of a chunk's tiles, padded to powers of two of at least 16
     (the tiles meet in tl.dot)."""
     return max(16, triton.next_power_of_2(H)), max(16, triton.next_power_of_2(S))
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c01
+def _fwd_scalars(dt, A, lam, theta, om, phi0, rst, rst_, chunk_size):
+    """The scalar pre-pass (ΔA, γ, σ, each chunk's turn, the shared ω, the chunks holding a document start) and the
+    angle carry into every chunk: (ΔA, γ, σ, ω stored (shared θ) or empty, ω as the rotation reads it, its heads,
+    starts, Φ per chunk, Φ_T)."""
+    b, T, H = dt.shape
+    S = theta.shape[-1] if theta is not None else 0 if om is None else om.shape[-1]
+    NC = triton.cdiv(T, chunk_size)
+    f32 = dict(device=dt.device, dtype=torch.float32)
+    HP, SP = _scalar_tiles(H, S)
+    adt, gam, sig = (torch.empty_like(dt) for _ in range(3))
+    oms = torch.empty(b, T, 1, S, **f32) if theta is not None else torch.empty(0, **f32)   # the shared ω
+    om_ = oms if theta is not None else om                                # ω as the rotation reads it
+    turns = torch.empty(b, H, NC, S, device=dt.device, dtype=torch.float64)  # each chunk's turn, fp64
+    starts = torch.empty(b, NC, device=dt.device, dtype=torch.int32) if rst is not None else torch.empty(0, **f32)
+    OM_H = 1 if om_ is None else om_.shape[2]
+    _launch(_ssd_scalars_kernel, "scalars", (NC, b), dt, A, lam, rst_, dt if theta is None else theta,
+            dt if om_ is None else om_, adt, gam, sig, turns, starts, T, H, S, NC, OM_H, L=chunk_size, HP=HP, SP=SP,
+            HAS_RST=rst is not None, HAS_THETA=S > 0, SHARED=theta is not None, dtype=torch.float32)
+    phit, phis = torch.zeros(b, H, S, **f32), torch.empty(b, H, NC, S, **f32)
+    if S:
+        _launch(_ssd_carry_kernel, "carry", (H, b), turns, starts, phi0, phis, phit, H, S, NC,
+                CB=_carry_block(NC), SP=SP, HAS_RST=rst is not None, dtype=torch.float32)
+    return adt, gam, sig, oms, om_, OM_H, starts, phis, phit
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c02
+def _fwd_scan(x, Bt, Ct, adt, sig, gam, D, h0, rst, rst_, chunk_size, precision, store):
+    """The pass over the chunks from the rotated B̃, C̃: (Y, H_T, H_in per chunk in the dot dtype, empty unless
+    `store`); one fused launch, or a state pass then a chunk pass where the config splits it."""
+    b, T, H, P = x.shape
+    N, NC = Bt.shape[-1], triton.cdiv(T, chunk_size)
+    f32 = dict(device=x.device, dtype=torch.float32)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)             # contiguous, whatever x's strides
+    ht = torch.empty(b, H, P, N, **f32)
+    split = _launch_config("fwd", N, x.dtype)["split"]
+    hs = (torch.empty(b, H, NC, P, N, device=x.device, dtype=Bt.dtype) if store or split   # H_in per chunk, dot dtype
+          else torch.empty(0, **f32))
+    flags = dict(L=chunk_size, P=P, N=N, HAS_RST=rst is not None, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision,
+                 dtype=x.dtype)
+    D_, h0_ = adt if D is None else D, adt if h0 is None else h0                # placeholder pointers: fp32, unread
+    if split:                                                             # a state pass, then a chunk pass
+        _launch(_ssd_fwd_state_kernel, "fwd", lambda meta: (H, b, N // meta["BN"]), x, Bt, adt, sig, h0_, rst_, ht, hs,
+                T, H, NC, *x.stride()[:2], **flags, HAS_H0=h0 is not None)
+        _launch(_ssd_fwd_chunk_kernel, "fwd", (NC, H, b), x, Bt, Ct, adt, sig, gam, D_, hs, rst_, y,
+                T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None)
+        if not store: hs = torch.empty(0, device=x.device, dtype=Bt.dtype)
+    else:
+        _launch(_ssd_fwd_kernel, "fwd", (H, b), x, Bt, Ct, adt, sig, gam, D_, h0_, rst_, y, ht,
+                hs if store else ht, T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None, HAS_H0=h0 is not None, STORE=store)
+    return y, ht, hs
 
 # %% ../nbs/01_ssd_triton.ipynb #976b107a
 @triton_op("mamba3_lite::ssd_fwd", mutates_args=())
@@ -1088,27 +1205,12 @@ def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional
     (b, H, S) with either; rst (b, T) int32: 1 where a document starts, or None."""
     b, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
-    S = theta.shape[-1] if theta is not None else 0 if om is None else om.shape[-1]
     NC = triton.cdiv(T, chunk_size)
-    f32 = dict(device=x.device, dtype=torch.float32)
-    dot = _dot_dtype(x.dtype)
     rst_ = dt if rst is None else rst                                     # a placeholder pointer without resets
-    HP, SP = _scalar_tiles(H, S)
-    adt, gam, sig = (torch.empty_like(dt) for _ in range(3))
-    oms = torch.empty(b, T, 1, S, **f32) if theta is not None else torch.empty(0, **f32)   # the shared ω
-    om_ = oms if theta is not None else om                                # ω as the rotation reads it
-    turns = torch.empty(b, H, NC, S, device=x.device, dtype=torch.float64)  # each chunk's turn, fp64
-    starts = torch.empty(b, NC, device=x.device, dtype=torch.int32) if rst is not None else torch.empty(0, **f32)
-    OM_H = 1 if om_ is None else om_.shape[2]
-    _launch(_ssd_scalars_kernel, "scalars", (NC, b), dt, A, lam, rst_, dt if theta is None else theta,
-            dt if om_ is None else om_, adt, gam, sig, turns, starts, T, H, S, NC, OM_H, L=chunk_size, HP=HP, SP=SP,
-            HAS_RST=rst is not None, HAS_THETA=S > 0, SHARED=theta is not None, dtype=torch.float32)
-    phit, phis = torch.zeros(b, H, S, **f32), torch.empty(b, H, NC, S, **f32)
-    if S:
-        _launch(_ssd_carry_kernel, "carry", (H, b), turns, starts, phi0, phis, phit, H, S, NC,
-                CB=_carry_block(NC), SP=SP, HAS_RST=rst is not None, dtype=torch.float32)
-    Bt, Ct = (torch.empty(b, T, H, N, device=x.device, dtype=_TORCH_DTYPES[dot]) for _ in range(2))
-    k_last = torch.empty(b, H, N, **f32)
+    adt, gam, sig, oms, om_, OM_H, starts, phis, phit = _fwd_scalars(dt, A, lam, theta, om, phi0, rst, rst_, chunk_size)
+    S = 0 if om_ is None else om_.shape[-1]
+    Bt, Ct = (torch.empty(b, T, H, N, device=x.device, dtype=_TORCH_DTYPES[_dot_dtype(x.dtype)]) for _ in range(2))
+    k_last = torch.empty(b, H, N, device=x.device, dtype=torch.float32)
     NH = max(N // 2, 16)
     HB, JB = _rotate_tiles(N, H // G, x.dtype)                            # heads a program, pairs a block
     _launch(_ssd_rotate_kernel, "rotate", (NC, b, G * (H // G // HB) * (NH // JB)), B, C, dt if Bb is None else Bb,
@@ -1116,22 +1218,7 @@ def _ssd_fwd(x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor], Cb: Optional
             int(OM_H > 1), G, H // G, L=chunk_size, N=N, NH=NH, JB=JB, HB=HB,
             HGP=triton.next_power_of_2(HB), OM_SHARED=OM_H == 1, HAS_THETA=S > 0, HAS_BIAS=Bb is not None,
             HAS_RST=rst is not None, dtype=x.dtype)
-    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)             # contiguous, whatever x's strides
-    ht = torch.empty(b, H, P, N, **f32)
-    split = _launch_config("fwd", N, x.dtype)["split"]
-    hs = (torch.empty(b, H, NC, P, N, device=x.device, dtype=Bt.dtype) if store or split   # H_in per chunk, dot dtype
-          else torch.empty(0, **f32))
-    flags = dict(L=chunk_size, P=P, N=N, HAS_RST=rst is not None, DOT_DTYPE=dot, PREC=precision, dtype=x.dtype)
-    D_, h0_ = dt if D is None else D, dt if h0 is None else h0
-    if split:                                                             # a state pass, then a chunk pass
-        _launch(_ssd_fwd_state_kernel, "fwd", lambda meta: (H, b, N // meta["BN"]), x, Bt, adt, sig, h0_, rst_, ht, hs,
-                T, H, NC, *x.stride()[:2], **flags, HAS_H0=h0 is not None)
-        _launch(_ssd_fwd_chunk_kernel, "fwd", (NC, H, b), x, Bt, Ct, adt, sig, gam, D_, hs, rst_, y,
-                T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None)
-        if not store: hs = torch.empty(0, device=x.device, dtype=Bt.dtype)
-    else:
-        _launch(_ssd_fwd_kernel, "fwd", (H, b), x, Bt, Ct, adt, sig, gam, D_, h0_, rst_, y, ht,
-                hs if store else ht, T, H, NC, *x.stride()[:2], **flags, HAS_D=D is not None, HAS_H0=h0 is not None, STORE=store)
+    y, ht, hs = _fwd_scan(x, Bt, Ct, adt, sig, gam, D, h0, rst, rst_, chunk_size, precision, store)
     return y, ht, phit, k_last, Bt, Ct, hs, phis, adt, gam, sig, oms, starts
 
 # %% ../nbs/01_ssd_triton.ipynb #5ca18841
@@ -1162,6 +1249,53 @@ def _angle_grads(B, C, Bb, Cb, om, dt, phis, rst_, starts, gB, gC, dphit, chunk_
                 else (torch.empty(0, **f32), torch.empty(0, **f32)))    # (H, N), from the chunks' sums
     return dB, dC, dBb, dCb, dom, ddt, dturn, dphi0
 
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c03
+def _bwd_chunks(dy, dht, x, B, C, Bb, Bt, Ct, adt, sig, gam, D, hs, rst, rst_, om_, chunk_size, precision, has_h0):
+    """The reverse walk over the chunks (`_ssd_bwd_state_kernel`: dL/dH_out of each, the seed's gradient), then every
+    chunk's gradients at once (`_ssd_bwd_chunk_kernel`): (dX, dB̃ and dC̃ in the rotated frame, or per-head dB and dC
+    without a rotation, d(ΔA), dσ, dγ, D's partial sums (b, H, NC), dh'_{-1})."""
+    b, T, H, P = x.shape
+    N, G = B.shape[-1], B.shape[2]
+    NC = triton.cdiv(T, chunk_size)
+    f32 = dict(device=x.device, dtype=torch.float32)
+    dots = dict(L=chunk_size, P=P, N=N, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, dtype=x.dtype)
+    dhs = torch.empty(b, H, NC, P, N, device=x.device, dtype=Ct.dtype)   # dL/dH_out per chunk, dot dtype
+    dh0 = torch.empty(b, H, P, N, **f32) if has_h0 else torch.empty(0, **f32)
+    _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, rst_, dy, dht, dhs, dh0, T, H, NC, **dots,
+            HAS_DHT=dht.numel() > 0, HAS_H0=has_h0, HAS_RST=rst is not None)
+    if om_ is None:                  # no rotation: the chunk kernel writes dB, dC (per-head fp32 where heads share)
+        out = lambda t: torch.empty_like(t) if G == H and Bb is None else torch.empty(b, T, H, N, **f32)
+        gB, gC = out(B), out(C)
+    else:                            # dB̃, dC̃ in the dot dtype, for the angle kernel
+        gB, gC = torch.empty_like(Ct), torch.empty_like(Ct)
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
+    dD = torch.empty(b, H, NC, **f32)
+    split = _launch_config("bwd_chunk", N, x.dtype)["split"]
+    dsl = torch.empty(b, H, NC, **f32) if split else torch.empty(0, **f32)   # <dH_out, H_in>, from DO_BC to DO_X
+    for do_x, do_bc in ((False, True), (True, False)) if split else ((True, True),):   # (DO_X, DO_BC): DO_BC first
+        _launch(_ssd_bwd_chunk_kernel, "bwd_chunk", (NC, H, b), x, Bt, Ct, adt, sig, gam,
+                adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC,
+                *x.stride()[:2], **dots, DO_X=do_x, DO_BC=do_bc, HAS_D=D is not None, HAS_RST=rst is not None)
+    return dx, gB, gC, dadt, dsig, dgam, dD, dh0
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c04
+def _bwd_scalars(dt, A, lam, theta, om, om_, rst_, dadt, dgam, dsig, dom, ddta, dturn, G, chunk_size, has_rst):
+    "The scalars' backward (`_ssd_bwd_scalars_kernel`): (dΔ, dA, dλ, dθ (shared θ) or empty); dω per head in place."
+    b, T, H = dt.shape
+    NC = triton.cdiv(T, chunk_size)
+    S = 0 if om_ is None else om_.shape[-1]
+    HP, SP = _scalar_tiles(H, S)
+    ddt, dA, dlam = (torch.empty(b, T, H, device=dt.device, dtype=torch.float32) for _ in range(3))
+    dth = torch.empty_like(theta) if theta is not None else torch.empty(0, device=dt.device, dtype=torch.float32)
+    _launch(_ssd_bwd_scalars_kernel, "bwd_scalars", (NC, b), dt, A, lam, rst_, dt if theta is None else theta,
+            dt if om is None else om, dadt, dgam, dsig, dt if om_ is None else dom, dt if om_ is None else ddta,
+            dt if om_ is None else dturn, ddt, dA, dlam, dth, T, H, S, NC, 1 if om is None else om.shape[2], G,
+            0 if om_ is None else ddta.shape[-1], L=chunk_size, HP=HP, SP=SP,
+            NJAP=1 if om_ is None else triton.next_power_of_2(ddta.shape[-1]), HAS_RST=has_rst, HAS_THETA=S > 0,
+            SHARED=theta is not None, dtype=torch.float32)
+    return ddt, dA, dlam, dth
+
 # %% ../nbs/01_ssd_triton.ipynb #a45b2aef
 @triton_op("mamba3_lite::ssd_bwd", mutates_args=())
 def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Tensor, Bb: Optional[Tensor],
@@ -1174,54 +1308,23 @@ def _ssd_bwd(dy: Tensor, dht: Tensor, dphit: Tensor, x: Tensor, B: Tensor, C: Te
     for the inputs that are absent (h'_{-1} unless `has_h0`). `dht` empty: no gradient reaches the final state."""
     b, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
-    NC = triton.cdiv(T, chunk_size)
-    f32 = dict(device=x.device, dtype=torch.float32)
-    none = lambda: torch.empty(0, **f32)                                 # a fresh one each: outputs may not alias
-    dots = dict(L=chunk_size, P=P, N=N, DOT_DTYPE=_dot_dtype(x.dtype), PREC=precision, dtype=x.dtype)
+    none = lambda: torch.empty(0, device=x.device, dtype=torch.float32)   # a fresh one each: outputs may not alias
     rst_, has_rst = (adt if rst is None else rst), rst is not None
-    dhs = torch.empty(b, H, NC, P, N, device=x.device, dtype=Ct.dtype)   # dL/dH_out per chunk, dot dtype
-    dh0 = torch.empty(b, H, P, N, **f32) if has_h0 else none()
-    _launch(_ssd_bwd_state_kernel, "bwd_state", (H, b), Ct, adt, rst_, dy, dht, dhs, dh0, T, H, NC, **dots,
-            HAS_DHT=dht.numel() > 0, HAS_H0=has_h0, HAS_RST=has_rst)
     om_ = oms if theta is not None else om                               # ω as the rotation read it, or None
-    per_head = G == H and Bb is None
-    if om_ is None:                  # no rotation: the chunk kernel writes dB, dC (per-head fp32 where heads share)
-        out = lambda t: torch.empty_like(t) if per_head else torch.empty(b, T, H, N, **f32)
-        gB, gC = out(B), out(C)
-    else:                            # dB̃, dC̃ in the dot dtype, for the angle kernel
-        gB, gC = torch.empty_like(Ct), torch.empty_like(Ct)
-    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    dadt, dsig, dgam = (torch.empty(b, T, H, **f32) for _ in range(3))
-    dD = torch.empty(b, H, NC, **f32)
-    split = _launch_config("bwd_chunk", N, x.dtype)["split"]
-    dsl = torch.empty(b, H, NC, **f32) if split else none()              # <dH_out, H_in>, from DO_BC to DO_X
-    halves = ((False, True), (True, False)) if split else ((True, True),)   # (DO_X, DO_BC): DO_BC first
-    for do_x, do_bc in halves:
-        _launch(_ssd_bwd_chunk_kernel, "bwd_chunk", (NC, H, b), x, Bt, Ct, adt, sig, gam,
-                adt if D is None else D, hs, rst_, dy, dhs, dsl, dx, gB, gC, dadt, dsig, dgam, dD, T, H, NC,
-                *x.stride()[:2], **dots,
-                DO_X=do_x, DO_BC=do_bc, HAS_D=D is not None, HAS_RST=has_rst)
-    dom, ddta, dturn, dphi0 = none(), none(), none(), none()
-    dBb, dCb = none(), none()
+    dx, gB, gC, dadt, dsig, dgam, dD, dh0 = _bwd_chunks(dy, dht, x, B, C, Bb, Bt, Ct, adt, sig, gam, D, hs, rst,
+                                                        rst_, om_, chunk_size, precision, has_h0)
+    dom, ddta, dturn, dphi0, dBb, dCb = (none() for _ in range(6))
     if om_ is None:
         dB, dC = gB, gC
         if Bb is not None: dBb, dCb = dB.sum((0, 1)).to(Bb.dtype), dC.sum((0, 1)).to(Cb.dtype)   # (H, N)
-        if not per_head:                                                 # heads -> their group
+        if not (G == H and Bb is None):                                  # heads -> their group
             dB = dB.view(b, T, G, H // G, N).sum(3).to(B.dtype)
             dC = dC.view(b, T, G, H // G, N).sum(3).to(C.dtype)
     else:                            # the angle kernel sums over the heads of each group, on chip
         dB, dC, dBb, dCb, dom, ddta, dturn, dphi0 = _angle_grads(B, C, Bb, Cb, om_, dt, phis, rst_, starts, gB, gC,
                                                                  dphit, chunk_size, has_rst, x.dtype)
-    S = 0 if om_ is None else om_.shape[-1]
-    HP, SP = _scalar_tiles(H, S)
-    ddt, dA, dlam = (torch.empty(b, T, H, **f32) for _ in range(3))
-    dth = torch.empty_like(theta) if theta is not None else none()
-    _launch(_ssd_bwd_scalars_kernel, "bwd_scalars", (NC, b), dt, A, lam, rst_, dt if theta is None else theta,
-            dt if om is None else om, dadt, dgam, dsig, dt if om_ is None else dom, dt if om_ is None else ddta,
-            dt if om_ is None else dturn, ddt, dA, dlam, dth, T, H, S, NC, 1 if om is None else om.shape[2], G,
-            0 if om_ is None else ddta.shape[-1], L=chunk_size, HP=HP, SP=SP,
-            NJAP=1 if om_ is None else triton.next_power_of_2(ddta.shape[-1]), HAS_RST=has_rst, HAS_THETA=S > 0,
-            SHARED=theta is not None, dtype=torch.float32)
+    ddt, dA, dlam, dth = _bwd_scalars(dt, A, lam, theta, om, om_, rst_, dadt, dgam, dsig, dom, ddta, dturn, G,
+                                      chunk_size, has_rst)
     return (dx, dB, dC, dBb, dCb, ddt, dA, dlam, dth, dom if om is not None else none(),
             none() if D is None else dD.sum((0, 2)).to(D.dtype), dh0, dphi0)
 
@@ -1303,6 +1406,30 @@ def _check_inputs(x, dt, A, B, C, lam, theta, D, initial_state, precision, B_bia
     _require_cuda(x)
     if precision not in ("ieee", "tf32"): raise ValueError(f'precision: expected "ieee" or "tf32", got {precision!r}')
 
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c05
+def _mimo_on_pytorch(x, dt, A, B, C, lam, theta, D, initial_state, chunk_size, seq_idx, B_bias, C_bias):
+    "MIMO inputs (x of shape (b, T, H, R, P)) run on the PyTorch `ssd_chunked` path, said once: no MIMO kernel yet."
+    global _MIMO_WARNED
+    if B_bias is not None or C_bias is not None:
+        raise ValueError("B_bias, C_bias: not supported for MIMO inputs (add the bias before calling)")
+    if not _MIMO_WARNED:
+        warnings.warn("ssd_triton: no MIMO kernel yet; MIMO inputs run on the PyTorch ssd_chunked path (slower).")
+        _MIMO_WARNED = True
+    return ssd_chunked(x, dt, A, B, C, lam, theta, D, initial_state, chunk_size, seq_idx=seq_idx)
+
+# %% ../nbs/01_ssd_triton.ipynb #5f0a1c06
+def _seed(initial_state, dt, lam, S):
+    "(h'_{-1}, Φ₀) for the kernels from an `SSDState` (None, and Φ₀ zeros where there are angles, without one)."
+    b, T, H = dt.shape
+    h0 = phi0 = None
+    if initial_state is not None:
+        angle, h, k, v = initial_state
+        eps0 = (1 - lam[:, 0].float()) * dt[:, 0].float()                  # ε_0 (no document starts at t = 0)
+        h0 = seed_state(h.float(), k.float()[:, :, None], v.float()[:, :, None], eps0).contiguous()   # h'_{-1}
+        if S: phi0 = angle.float().contiguous()
+    if S and phi0 is None: phi0 = torch.zeros(b, H, S, device=dt.device, dtype=torch.float32)
+    return h0, phi0
+
 # %% ../nbs/01_ssd_triton.ipynb #a5e5c977
 def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chunk_size=64, precision="ieee",
                B_bias=None, C_bias=None, seq_idx=None):
@@ -1310,14 +1437,8 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     Extension: B, C may be (b, T, G, N) with G | H (head h reads group h // (H/G)) plus per-head `B_bias`,
     `C_bias` (H, N), added in the kernel prologue (no per-head B/C in HBM). fp32 inputs run the kernels at chunks of
     at most `FP32_CHUNK` tokens (`kernel_chunk`; the result does not depend on the chunk but for rounding)."""
-    global _MIMO_WARNED
     if isinstance(x, Tensor) and x.dim() == 5:
-        if B_bias is not None or C_bias is not None:
-            raise ValueError("B_bias, C_bias: not supported for MIMO inputs (add the bias before calling)")
-        if not _MIMO_WARNED:
-            warnings.warn("ssd_triton: no MIMO kernel yet; MIMO inputs run on the PyTorch ssd_chunked path (slower).")
-            _MIMO_WARNED = True
-        return ssd_chunked(x, dt, A, B, C, lam, theta, D, initial_state, chunk_size, seq_idx=seq_idx)
+        return _mimo_on_pytorch(x, dt, A, B, C, lam, theta, D, initial_state, chunk_size, seq_idx, B_bias, C_bias)
     if not isinstance(x, Tensor) or x.dim() != 4:
         raise ValueError(f"x: expected shape (b, T, H, P), got {getattr(x, 'shape', type(x).__name__)}")
     check_block_dims(x.shape[-1], B.shape[-1] if isinstance(B, Tensor) else B, chunk_size)
@@ -1330,13 +1451,7 @@ def ssd_triton(x, dt, A, B, C, lam, theta=None, D=None, initial_state=None, chun
     th = theta.float().contiguous() if shared else None                   # its ω = π·tanh(θ) is made in the kernels
     om = None if theta is None or shared else angle_rate(theta.float()).contiguous()   # per head: (b, T, H, S)
     S = 0 if theta is None else theta.shape[-1]
-    h0 = phi0 = None
-    if initial_state is not None:
-        angle, h, k, v = initial_state
-        eps0 = (1 - lam[:, 0].float()) * dt[:, 0].float()                  # ε_0 (no document starts at t = 0)
-        h0 = seed_state(h.float(), k.float()[:, :, None], v.float()[:, :, None], eps0).contiguous()   # h'_{-1}
-        if S: phi0 = angle.float().contiguous()
-    if S and phi0 is None: phi0 = torch.zeros(b, H, S, device=x.device, dtype=torch.float32)
+    h0, phi0 = _seed(initial_state, dt, lam, S)
     Df = None if D is None else D.float().contiguous()
     ins = [x, dt, A, B, C, lam, theta, D, B_bias, C_bias] + ([] if initial_state is None else list(initial_state))
     store = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ins)
