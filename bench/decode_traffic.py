@@ -27,7 +27,7 @@ import math
 import sys
 
 import ssd_traffic   # noqa: F401  (sets TRITON_INTERPRET=1 before any kernel module is imported)
-from ssd_traffic import Traffic, evaluate, interp, multilinear_fit, official_siso
+from ssd_traffic import Traffic, evaluate, multilinear_fit, official_siso
 from gpu_model import GPUS, bound, modelled_us
 from official import official_attr
 from decode_gpu import official_step_inputs
@@ -44,18 +44,8 @@ TABLE6_MS = {128: 0.156, 64: 0.110}      # the paper's measured Mamba-3 SISO dec
 
 def counted(tr, run):
     "{kernel name: dict(read, write)} of `run()`, each interpreter launch attributed to its kernel, torch ops outside."
-    real = interp.GridExecutor.__call__
-
-    def call(executor, *a, **k):
-        with tr.launch(executor.fn.__name__):
-            return real(executor, *a, **k)
-
-    interp.GridExecutor.__call__ = call
-    try:
-        with tr.installed(), tr.torch_ops():
-            run()
-    finally:
-        interp.GridExecutor.__call__ = real
+    with tr.by_kernel():
+        run()
     return {name: dict(read=r["read"], write=r["write"]) for (name, _), r in tr.table().items()}
 
 

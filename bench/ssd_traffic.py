@@ -194,6 +194,22 @@ class Traffic:
             self._program_done()
             self.current = prev
 
+    @contextlib.contextmanager
+    def by_kernel(self):
+        "Count inside the block, each interpreter launch attributed to its kernel's name, torch ops outside any."
+        real = interp.GridExecutor.__call__
+
+        def call(executor, *a, **k):
+            with self.launch(executor.fn.__name__):
+                return real(executor, *a, **k)
+
+        interp.GridExecutor.__call__ = call
+        try:
+            with self.installed(), self.torch_ops():
+                yield self
+        finally:
+            interp.GridExecutor.__call__ = real
+
     def torch_ops(self):
         "A dispatch mode that counts every aten op outside a launch as 'torch:<op>': inputs read, outputs written."
         outer = self
@@ -386,20 +402,10 @@ def count_official(b, T, H, P=64, N=128, S=32, L=64, seed=0, unique=False):
     tr = Traffic().watch_loops(*sorted(kernel_files))
     kw = {k: v.requires_grad_(True) for k, v in official_inputs(b, T, H, P, N, S, seed).items()}
     dy = torch.randn(b, T, H, P, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
-    real_call = interp.GridExecutor.__call__
-
-    def call(executor, *a, **k):
-        with tr.launch(executor.fn.__name__):
-            return real_call(executor, *a, **k)
-
-    interp.GridExecutor.__call__ = call
-    try:
-        with tr.installed(), tr.torch_ops():
-            y = combined(**kw, chunk_size=L)
-            tr.phase = "bwd"
-            y.backward(dy)
-    finally:
-        interp.GridExecutor.__call__ = real_call
+    with tr.by_kernel():
+        y = combined(**kw, chunk_size=L)
+        tr.phase = "bwd"
+        y.backward(dy)
     return tr.table(unique)
 
 
