@@ -100,7 +100,7 @@ def plot(result: dict, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     tasks = list(result["best"])
-    fig, axes = plt.subplots(3, len(tasks), figsize=(4.4 * len(tasks), 9.0), squeeze=False)
+    fig, axes = plt.subplots(3, len(tasks), figsize=(max(4.4 * len(tasks), 7.0), 9.0), squeeze=False)   # wide enough for the title
     for col, task in enumerate(tasks):
         ax, cax, lax = axes[:, col]
         per = result["best"][task]
