@@ -1,16 +1,17 @@
 """State tracking on CPU: parity and modular arithmetic (with and without brackets) for every block variant
-(Mamba-3; fixed RoPE; no RoPE; Mamba-2 = no rotation + Euler), each over a small learning-rate sweep, trained with the
-length curriculum of `mamba3_lite.state_tracking` and evaluated at lengths beyond it.
+(Mamba-3; fixed RoPE; no RoPE; Mamba-2 = no rotation + Euler), each over a small learning-rate sweep (and, with
+`--seeds`, several seeds), trained with the length curriculum of `mamba3_lite.state_tracking` and evaluated at lengths
+beyond it.
 
-    OMP_NUM_THREADS=1 python bench/state_tracking.py [--tasks modarith,...] [--variants Mamba-3,...] [--lrs 3e-3,1e-2]
+    OMP_NUM_THREADS=1 python bench/state_tracking.py [--tasks modarith,...] [--variants Mamba-3,...] [--lrs 3e-3,1e-2] [--seeds 0,1]
 
 Each task trains with its recipe, `RECIPES[task]` (layers, initialisation, head, curriculum, learning rates); an option
 given here replaces that field for every task run. Writes `bench/results/state_tracking_<UTC date>.json` (every run
 with its learning curve, the chosen learning rate per task and variant, the process CPU time of each run and of the
 whole sweep, the load average of the machine before and after) and `state_tracking_<date>.png` (scaled accuracy vs
-test length, and the learning curves, one column per task). The learning rate of a (task, variant) is the one with the
-best mean scaled accuracy over the test lengths up to the longest *training* length; the lengths beyond it play no
-part in the choice. The paper's Table 5b (https://arxiv.org/abs/2603.15569) is printed next to the measured accuracy
+test length, and the learning curves, one column per task). The learning rate (and seed) of a (task, variant) is the
+run with the best mean scaled accuracy over the test lengths up to the longest *training* length; the lengths beyond it
+play no part in the choice, and every run stays in the JSON. The paper's Table 5b (https://arxiv.org/abs/2603.15569) is printed next to the measured accuracy
 at test length 256."""
 import argparse
 import datetime
@@ -41,6 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--tasks", default="parity,modarith,modarith_brackets")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--lrs", default=None, help="comma-separated learning rates (default: the recipe's)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds: each learning rate trains once per seed")
     recipe = p.add_argument_group("recipe fields (default: each task's RECIPES entry)")
     recipe.add_argument("--layers", type=int, default=None, dest="n_layers")
     recipe.add_argument("--stages", default=None, help="longest training length of each stage, e.g. 40,80,160")
@@ -66,6 +68,8 @@ def parse_args(argv=None):
         if v not in VARIANTS: p.error(f"--variants: unknown variant {v!r}; expected some of {list(VARIANTS)}")
     a.lrs = None if a.lrs is None else tuple(float(x) for x in a.lrs.split(","))
     a.eval_lengths = _ints(a.eval_lengths)
+    try: a.seeds = _ints(a.seeds)
+    except ValueError: p.error(f"--seeds: expected comma-separated integers, got {a.seeds!r}")
     over = {k: getattr(a, k) for k in ("n_layers", "head", "batch_size", "curve_every", "min_length_frac") if getattr(a, k) is not None}
     if a.stages is not None: over["stages"] = _ints(a.stages)
     if a.steps_per_stage is not None:
@@ -106,7 +110,7 @@ def plot(result: dict, path: Path):
         per = result["best"][task]
         for variant, best in per.items():
             acc = best["scaled_accuracy"]
-            line, = ax.plot([int(k) for k in acc], list(acc.values()), marker="o", label=f"{variant} (lr {best['lr']:g})")
+            line, = ax.plot([int(k) for k in acc], list(acc.values()), marker="o", label=f"{variant} (lr {best['lr']:g}, seed {best.get('seed', 0)})")
             if best["curve"]:
                 steps = [c[0] for c in best["curve"]]
                 cax.plot(steps, [c[3] for c in best["curve"]], color=line.get_color(), label=variant)
@@ -133,7 +137,7 @@ def plot(result: dict, path: Path):
 
 
 def best_of(runs: list) -> dict:
-    """Per task and variant, the run whose learning rate has the best mean scaled accuracy over the test lengths up to
+    """Per task and variant, the run (learning rate, seed) with the best mean scaled accuracy over the test lengths up to
     its longest training length (a tie keeps the first run)."""
     best = {}
     for r in runs:
@@ -144,7 +148,7 @@ def best_of(runs: list) -> dict:
         if cur is None or score(r["scaled_accuracy"]) > score(cur["scaled_accuracy"]):
             stage_steps = r.get("stage_steps") or [c["steps_per_stage"]] * len(c["stages"])   # runs written before curves
             best[c["task"]][c["variant"]] = dict(
-                lr=c["lr"], scaled_accuracy=r["scaled_accuracy"], steps=sum(stage_steps), stages=c["stages"],
+                lr=c["lr"], seed=c.get("seed", 0), scaled_accuracy=r["scaled_accuracy"], steps=sum(stage_steps), stages=c["stages"],
                 stage_steps=stage_steps, cpu_s=r["cpu_s"], curve=r.get("curve", []), curve_length=c.get("curve_length", 256))
     return best
 
@@ -152,22 +156,23 @@ def best_of(runs: list) -> dict:
 def report(result: dict, out: Path):
     out.write_text(json.dumps(result, indent=1))
     plot(result, out.with_suffix(".png"))
-    print(f"\n| task | variant | lr | steps | CPU s | scaled acc. @256 | paper @256 |\n|---|---|---|---|---|---|---|")
+    print(f"\n| task | variant | lr | seed | steps | CPU s | scaled acc. @256 | paper @256 |\n|---|---|---|---|---|---|---|---|")
     for task, per in result["best"].items():
         for variant, b in per.items():
-            print(f"| {task} | {variant} | {b['lr']:g} | {b['steps']} | {b['cpu_s']:.0f} | "
+            print(f"| {task} | {variant} | {b['lr']:g} | {b.get('seed', 0)} | {b['steps']} | {b['cpu_s']:.0f} | "
                   f"{b['scaled_accuracy'].get('256', float('nan')):.1f} | {PAPER_256[task][variant]:.2f} |")
     per_task = {t: sum(r["cpu_s"] for r in result["runs"] if r["config"]["task"] == t) for t in result["best"]}
     print("CPU time per task (every run of its sweep): " + ", ".join(f"{t} {s:.0f} s" for t, s in per_task.items()) +
           f"; all {result['cpu_s']:.0f} s (1 thread per process); wrote {out} and {out.with_suffix('.png')}")
 
 
-def merged_settings(parts, stages=None):
+def merged_settings(parts):
     "The settings of runs merged from several JSON files: what they share, the union of their sweeps, and each run's own."
     own = [s for p in parts for s in p["settings"].get("merged_from", [p["settings"]])]   # a merged file brings its parts
-    union_keys = ("tasks", "variants", "lrs")
+    union_keys = ("tasks", "variants", "lrs", "seeds")
     shared = {k: v for k, v in own[0].items() if k not in union_keys and all(o.get(k) == v for o in own)}
-    union = {k: sorted({x for o in own for x in (o.get(k) or [])}, key=[x for o in own for x in (o.get(k) or [])].index)
+    swept = lambda o, k: o.get(k, [0] if k == "seeds" else None) or []      # settings from before --seeds ran seed 0
+    union = {k: sorted({x for o in own for x in swept(o, k)}, key=[x for o in own for x in swept(o, k)].index)
              for k in union_keys}
     return dict(shared, **union, merged_from=own)
 
@@ -193,17 +198,17 @@ def main(argv=None):
                       cpu_s=sum(r["cpu_s"] for r in runs), wall_s=max(p["wall_s"] for p in parts),
                       machine=[p.get("machine") for p in parts], threads=1, torch=torch.__version__)
         return report(result, out)
-    settings = dict(tasks=a.tasks, variants=a.variants, lrs=list(a.lrs) if a.lrs else None, overrides=a.overrides,
+    settings = dict(tasks=a.tasks, variants=a.variants, lrs=list(a.lrs) if a.lrs else None, seeds=list(a.seeds), overrides=a.overrides,
                     recipes={t: recipe_of(t, a)[0] | {"lrs": list(recipe_of(t, a)[1])} for t in a.tasks})
     runs, cpu0, t0, before = [], time.process_time(), time.perf_counter(), machine()
     for task in a.tasks:
         fields, lrs = recipe_of(task, a)
         for variant in a.variants:
-            for lr in lrs:
-                cfg = StateTrackingConfig(task=task, variant=variant, lr=lr, **fields)
+            for lr, seed in [(lr, seed) for lr in lrs for seed in a.seeds]:
+                cfg = StateTrackingConfig(task=task, variant=variant, lr=lr, seed=seed, **fields)
                 r = train_state_tracking(cfg, log_every=250, log=print)
                 r["scaled_accuracy"] = {str(k): v for k, v in r["scaled_accuracy"].items()}
-                print(f"{task:18s} {variant:10s} lr {lr:<7g} {r['cpu_s']:6.0f} cpu-s  " +
+                print(f"{task:18s} {variant:10s} lr {lr:<7g} seed {seed} {r['cpu_s']:6.0f} cpu-s  " +
                       "  ".join(f"{k}:{v:6.1f}" for k, v in r["scaled_accuracy"].items()), flush=True)
                 runs.append(r)
                 result = dict(date=date, settings=settings, runs=runs, best=best_of(runs), paper_at_256=PAPER_256,

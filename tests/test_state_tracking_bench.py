@@ -25,13 +25,15 @@ def test_recipe_options_parse():
     fields, lrs = bench.recipe_of("parity", a)
     assert lrs == (1e-2,) and StateTrackingConfig(task="parity", **fields).stage_steps() == [5, 6]
     assert bench.parse_args(["--a-init", "1e-4,1"]).overrides["a_init"] == (1e-4, 1.0)
+    assert a.seeds == (0,) and bench.parse_args(["--seeds", "1,2"]).seeds == (1, 2)      # one run per learning rate and seed
 
 
 @pytest.mark.parametrize("argv, msg", [(["--a-init", "2"], "--a-init: expected a decay rate in (0, 1]"),
                                        (["--dt-range", "1"], "--dt-range: expected min,max"),
                                        (["--min-length-frac", "1.5"], "--min-length-frac: expected a fraction"),
                                        (["--steps-per-stage", "5,6"], "--steps-per-stage: expected a count >= 1, or one per stage"),
-                                       (["--tasks", "sorting"], "--tasks: unknown task")])
+                                       (["--tasks", "sorting"], "--tasks: unknown task"),
+                                       (["--seeds", "0,x"], "--seeds: expected comma-separated integers")])
 def test_bad_recipe_options_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(argv)
@@ -48,3 +50,15 @@ def test_merged_settings_name_every_swept_rate_and_only_shared_settings():
     assert s["merged_from"] == [p["settings"] for p in parts]
     again = bench.merged_settings([{"settings": s}, part(lrs=[1e-2])])      # merging a merged file: its parts are kept
     assert again["merged_from"] == [p["settings"] for p in parts] + [part(lrs=[1e-2])["settings"]] and again["lrs"] == [3e-3, 1e-3, 1e-2]
+    old = part()                                                   # written before --seeds: its runs used seed 0
+    assert bench.merged_settings([old, part(seeds=[1, 2])])["seeds"] == [0, 1, 2]
+
+
+def test_best_of_chooses_the_seed_by_the_training_lengths_only():
+    run = lambda seed, acc: {"config": {"task": "modarith", "variant": "Mamba-3", "lr": 3e-3, "seed": seed, "stages": [40, 160]},
+                             "scaled_accuracy": acc, "stage_steps": [10, 10], "cpu_s": 1.0}
+    runs = [run(0, {"40": 90.0, "160": 60.0, "256": 80.0}),     # mean over <= 160: 75, the better score at 256
+            run(1, {"40": 95.0, "160": 70.0, "256": 10.0}),     # mean over <= 160: 82.5
+            run(2, {"40": 10.0, "160": 0.0, "256": 99.0})]
+    best = bench.best_of(runs)["modarith"]["Mamba-3"]
+    assert (best["seed"], best["scaled_accuracy"]["256"]) == (1, 10.0)
