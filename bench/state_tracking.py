@@ -11,8 +11,8 @@ with its learning curve, the chosen learning rate per task and variant, the proc
 whole sweep, the load average of the machine before and after) and `state_tracking_<date>.png` (scaled accuracy vs
 test length, and the learning curves, one column per task). The learning rate (and seed) of a (task, variant) is the
 run with the best mean scaled accuracy over the test lengths up to the longest *training* length; the lengths beyond it
-play no part in the choice, and every run stays in the JSON. The paper's Table 5b (https://arxiv.org/abs/2603.15569) is printed next to the measured accuracy
-at test length 256."""
+play no part in the choice, and every run stays in the JSON. The paper's Table 5b (https://arxiv.org/abs/2603.15569)
+is printed next to the measured accuracy at test length 256."""
 import argparse
 import datetime
 import json
@@ -110,7 +110,7 @@ def plot(result: dict, path: Path):
         per = result["best"][task]
         for variant, best in per.items():
             acc = best["scaled_accuracy"]
-            line, = ax.plot([int(k) for k in acc], list(acc.values()), marker="o", label=f"{variant} (lr {best['lr']:g}, seed {best.get('seed', 0)})")
+            line, = ax.plot([int(k) for k in acc], list(acc.values()), marker="o", label=f"{variant} (lr {best['lr']:g}, seed {best['seed']})")
             if best["curve"]:
                 steps = [c[0] for c in best["curve"]]
                 cax.plot(steps, [c[3] for c in best["curve"]], color=line.get_color(), label=variant)
@@ -148,7 +148,7 @@ def best_of(runs: list) -> dict:
         if cur is None or score(r["scaled_accuracy"]) > score(cur["scaled_accuracy"]):
             stage_steps = r.get("stage_steps") or [c["steps_per_stage"]] * len(c["stages"])   # runs written before curves
             best[c["task"]][c["variant"]] = dict(
-                lr=c["lr"], seed=c.get("seed", 0), scaled_accuracy=r["scaled_accuracy"], steps=sum(stage_steps), stages=c["stages"],
+                lr=c["lr"], seed=c["seed"], scaled_accuracy=r["scaled_accuracy"], steps=sum(stage_steps), stages=c["stages"],
                 stage_steps=stage_steps, cpu_s=r["cpu_s"], curve=r.get("curve", []), curve_length=c.get("curve_length", 256))
     return best
 
@@ -159,7 +159,7 @@ def report(result: dict, out: Path):
     print(f"\n| task | variant | lr | seed | steps | CPU s | scaled acc. @256 | paper @256 |\n|---|---|---|---|---|---|---|---|")
     for task, per in result["best"].items():
         for variant, b in per.items():
-            print(f"| {task} | {variant} | {b['lr']:g} | {b.get('seed', 0)} | {b['steps']} | {b['cpu_s']:.0f} | "
+            print(f"| {task} | {variant} | {b['lr']:g} | {b['seed']} | {b['steps']} | {b['cpu_s']:.0f} | "
                   f"{b['scaled_accuracy'].get('256', float('nan')):.1f} | {PAPER_256[task][variant]:.2f} |")
     per_task = {t: sum(r["cpu_s"] for r in result["runs"] if r["config"]["task"] == t) for t in result["best"]}
     print("CPU time per task (every run of its sweep): " + ", ".join(f"{t} {s:.0f} s" for t, s in per_task.items()) +
