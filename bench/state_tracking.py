@@ -55,6 +55,9 @@ def parse_args(argv=None):
     recipe.add_argument("--head", default=None, help="'tied' (the LM's head) or 'linear' (a K-class head)")
     recipe.add_argument("--batch-size", type=int, default=None)
     recipe.add_argument("--curve-every", type=int, default=None, help="steps between the points of the learning curve")
+    recipe.add_argument("--ema", type=float, default=None,
+                        help="decay of an exponential moving average of the weights, which the test then measures (0: none)")
+    recipe.add_argument("--ema-start", type=float, default=None, help="fraction of the steps after which the average starts")
     p.add_argument("--eval-lengths", default="40,80,160,256,512")
     p.add_argument("--eval-sequences", type=int, default=256)
     p.add_argument("--out", default=None, help="JSON path (default bench/results/state_tracking_<date>.json)")
@@ -70,7 +73,7 @@ def parse_args(argv=None):
     a.eval_lengths = _ints(a.eval_lengths)
     try: a.seeds = _ints(a.seeds)
     except ValueError: p.error(f"--seeds: expected comma-separated integers, got {a.seeds!r}")
-    over = {k: getattr(a, k) for k in ("n_layers", "head", "batch_size", "curve_every", "min_length_frac") if getattr(a, k) is not None}
+    over = {k: getattr(a, k) for k in ("n_layers", "head", "batch_size", "curve_every", "min_length_frac", "ema", "ema_start") if getattr(a, k) is not None}
     if a.stages is not None: over["stages"] = _ints(a.stages)
     if a.steps_per_stage is not None:
         steps = _ints(a.steps_per_stage)
@@ -207,9 +210,12 @@ def main(argv=None):
             for lr, seed in [(lr, seed) for lr in lrs for seed in a.seeds]:
                 cfg = StateTrackingConfig(task=task, variant=variant, lr=lr, seed=seed, **fields)
                 r = train_state_tracking(cfg, log_every=250, log=print)
-                r["scaled_accuracy"] = {str(k): v for k, v in r["scaled_accuracy"].items()}
+                for key in ("scaled_accuracy", "scaled_accuracy_raw"):
+                    if key in r: r[key] = {str(k): v for k, v in r[key].items()}
                 print(f"{task:18s} {variant:10s} lr {lr:<7g} seed {seed} {r['cpu_s']:6.0f} cpu-s  " +
-                      "  ".join(f"{k}:{v:6.1f}" for k, v in r["scaled_accuracy"].items()), flush=True)
+                      "  ".join(f"{k}:{v:6.1f}" for k, v in r["scaled_accuracy"].items()) +
+                      ("  (last weights: " + "  ".join(f"{k}:{v:6.1f}" for k, v in r["scaled_accuracy_raw"].items()) + ")"
+                       if "scaled_accuracy_raw" in r else ""), flush=True)
                 runs.append(r)
                 result = dict(date=date, settings=settings, runs=runs, best=best_of(runs), paper_at_256=PAPER_256,
                               cpu_s=time.process_time() - cpu0, wall_s=time.perf_counter() - t0,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .model import Mamba3Transformer, ModelConfig
 
@@ -108,6 +109,8 @@ class StateTrackingConfig:
     eval_sequences: int = 256                  # per evaluation length
     curve_every: int = 0                       # learning curve: scaled accuracy at curve_length every this many steps (0: none)
     curve_length: int = 256
+    ema: float = 0.0                           # weight average: the decay per step of an EMA of the weights (0: none)
+    ema_start: float = 0.6                     # the fraction of the steps after which the average starts
 
     def __post_init__(self):
         if self.task not in TASKS: raise ValueError(f"task: expected one of {sorted(TASKS)}, got {self.task!r}")
@@ -125,6 +128,8 @@ class StateTrackingConfig:
         if not (a is None or (isinstance(a, (int, float)) and 0 < a <= 1) or
                 (isinstance(a, (tuple, list)) and len(a) == 2 and 0 < a[0] <= a[1] <= 1)):
             raise ValueError(f"a_init: expected a decay rate in (0, 1], a range (lo, hi) with 0 < lo <= hi <= 1, or None, got {a!r}")
+        if not 0 <= self.ema < 1: raise ValueError(f"ema: expected a decay in [0, 1) (0: no average), got {self.ema!r}")
+        if not 0 <= self.ema_start < 1: raise ValueError(f"ema_start: expected a fraction in [0, 1), got {self.ema_start!r}")
 
     def stage_steps(self) -> list:
         "The training steps of each curriculum stage."
@@ -184,7 +189,9 @@ def state_tracking_model(cfg: StateTrackingConfig) -> Mamba3Transformer:
 @torch.enable_grad()   # training needs autograd whatever grad mode the caller left on
 def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=None) -> dict:
     """Train one model through the curriculum; return its losses, its learning curve (step, stage length, loss, scaled
-    accuracy at `curve_length`, CPU seconds so far), its scaled accuracy per test length and the time used."""
+    accuracy at `curve_length`, CPU seconds so far), its scaled accuracy per test length and the time used. With
+    `cfg.ema`, the weights' exponential moving average from `ema_start` on is what the curve and the test measure;
+    `scaled_accuracy_raw` is then the last weights' own, for the same training run."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = state_tracking_model(cfg).train()
@@ -193,7 +200,9 @@ def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=Non
     total = sum(stage_steps); warm = max(1, total // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
         0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, total - warm))))))
-    losses, curve, t0, cpu0, step = [], [], time.perf_counter(), time.process_time(), 0
+    average = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
+    losses, curve, t0, cpu0, step, ema_from = [], [], time.perf_counter(), time.process_time(), 0, int(cfg.ema_start * total)
+    tested = lambda: average.module if average is not None and step > ema_from else model   # the model the test measures
     for T_max, n_steps in zip(cfg.stages, stage_steps):
         for _ in range(n_steps):
             T = int(torch.randint(max(3, int(cfg.min_length_frac * T_max)), T_max + 1, (1,), generator=gen))
@@ -202,17 +211,18 @@ def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=Non
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step(); sched.step(); step += 1
+            if average is not None and step > ema_from: average.update_parameters(model)   # the first update copies
             if not math.isfinite(loss.item()):
                 raise FloatingPointError(f"loss: not finite at step {step} ({cfg.task}, {cfg.variant}, lr {cfg.lr})")
             if step % log_every == 0 or step == total:
                 losses.append((step, T_max, loss.item()))
                 if log: log(f"  {cfg.task} {cfg.variant} lr {cfg.lr:g} step {step}/{total} T<={T_max} loss {loss.item():.4f}")
             if cfg.curve_every and (step % cfg.curve_every == 0 or step == total):
-                acc = evaluate(model, cfg, (cfg.curve_length,), cfg.eval_sequences // 2)[cfg.curve_length]
+                acc = evaluate(tested(), cfg, (cfg.curve_length,), cfg.eval_sequences // 2)[cfg.curve_length]
                 curve.append((step, T_max, loss.item(), acc, time.process_time() - cpu0))
-    acc = evaluate(model, cfg)
-    return dict(config=dict(vars(cfg)), stage_steps=stage_steps, losses=losses, curve=curve, scaled_accuracy=acc,
-                wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - cpu0)
+    out = dict(config=dict(vars(cfg)), stage_steps=stage_steps, losses=losses, curve=curve, scaled_accuracy=evaluate(tested(), cfg))
+    if tested() is not model: out["scaled_accuracy_raw"] = evaluate(model, cfg)
+    return dict(out, wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - cpu0)
 
 # %% ../nbs/16_state_tracking.ipynb #5t0000c1
 _ARITHMETIC = dict(n_layers=3, a_init=(1e-3, 1.0), head="linear", stages=(40, 80, 160), steps_per_stage=(2000, 2000, 12000),

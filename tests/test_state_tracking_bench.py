@@ -26,6 +26,7 @@ def test_recipe_options_parse():
     assert lrs == (1e-2,) and StateTrackingConfig(task="parity", **fields).stage_steps() == [5, 6]
     assert bench.parse_args(["--a-init", "1e-4,1"]).overrides["a_init"] == (1e-4, 1.0)
     assert a.seeds == (0,) and bench.parse_args(["--seeds", "1,2"]).seeds == (1, 2)      # one run per learning rate and seed
+    assert bench.parse_args(["--ema", "0.999", "--ema-start", "0.5"]).overrides == dict(ema=0.999, ema_start=0.5)
 
 
 @pytest.mark.parametrize("argv, msg", [(["--a-init", "2"], "--a-init: expected a decay rate in (0, 1]"),
@@ -33,7 +34,9 @@ def test_recipe_options_parse():
                                        (["--min-length-frac", "1.5"], "--min-length-frac: expected a fraction"),
                                        (["--steps-per-stage", "5,6"], "--steps-per-stage: expected a count >= 1, or one per stage"),
                                        (["--tasks", "sorting"], "--tasks: unknown task"),
-                                       (["--seeds", "0,x"], "--seeds: expected comma-separated integers")])
+                                       (["--seeds", "0,x"], "--seeds: expected comma-separated integers"),
+                                       (["--ema", "1"], "--ema: expected a decay in [0, 1)"),
+                                       (["--ema-start", "-0.1"], "--ema-start: expected a fraction in [0, 1)")])
 def test_bad_recipe_options_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(argv)
