@@ -225,8 +225,8 @@ def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=Non
     return dict(out, wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - cpu0)
 
 # %% ../nbs/16_state_tracking.ipynb #5t0000c1
-_ARITHMETIC = dict(n_layers=3, a_init=(1e-3, 1.0), head="linear", stages=(40, 80, 160), steps_per_stage=(2000, 2000, 12000),
-                   min_length_frac=0.5, lrs=(3e-3,), curve_every=1000)
+_ARITHMETIC = dict(n_layers=3, a_init=(3e-4, 1.0), head="linear", stages=(40, 80, 160), steps_per_stage=(2000, 2000, 12000),
+                   min_length_frac=0.5, ema=0.999, ema_start=0.6, lrs=(3e-3,), curve_every=1000)
 RECIPES = {   # per task: StateTrackingConfig fields, plus the learning rates that bench/state_tracking.py sweeps
     "parity": dict(n_layers=1, a_init=1e-3, head="tied", stages=(8, 16, 40, 80, 160), steps_per_stage=300,
                    lrs=(3e-3, 1e-3), curve_every=150),
