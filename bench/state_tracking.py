@@ -45,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="0", help="comma-separated seeds: each learning rate trains once per seed")
     recipe = p.add_argument_group("recipe fields (default: each task's RECIPES entry)")
     recipe.add_argument("--layers", type=int, default=None, dest="n_layers")
+    recipe.add_argument("--d-model", type=int, default=None, help="model width (the block's d_inner is twice it)")
+    recipe.add_argument("--d-state", type=int, default=None, help="state size N per head (half of it rotated)")
     recipe.add_argument("--stages", default=None, help="longest training length of each stage, e.g. 40,80,160")
     recipe.add_argument("--steps-per-stage", default=None, help="one count for every stage, or one per stage")
     recipe.add_argument("--min-length-frac", type=float, default=None,
@@ -54,6 +56,7 @@ def parse_args(argv=None):
     recipe.add_argument("--dt-range", default=None, help="initial Δ range: min,max (log-uniform)")
     recipe.add_argument("--head", default=None, help="'tied' (the LM's head) or 'linear' (a K-class head)")
     recipe.add_argument("--batch-size", type=int, default=None)
+    recipe.add_argument("--lr-final", type=float, default=None, help="the cosine schedule's last learning rate, as a fraction of the peak")
     recipe.add_argument("--curve-every", type=int, default=None, help="steps between the points of the learning curve")
     recipe.add_argument("--ema", type=float, default=None,
                         help="decay of an exponential moving average of the weights, which the test then measures (0: none)")
@@ -73,7 +76,7 @@ def parse_args(argv=None):
     a.eval_lengths = _ints(a.eval_lengths)
     try: a.seeds = _ints(a.seeds)
     except ValueError: p.error(f"--seeds: expected comma-separated integers, got {a.seeds!r}")
-    over = {k: getattr(a, k) for k in ("n_layers", "head", "batch_size", "curve_every", "min_length_frac", "ema", "ema_start") if getattr(a, k) is not None}
+    over = {k: getattr(a, k) for k in ("n_layers", "d_model", "d_state", "head", "batch_size", "lr_final", "curve_every", "min_length_frac", "ema", "ema_start") if getattr(a, k) is not None}
     if a.stages is not None: over["stages"] = _ints(a.stages)
     if a.steps_per_stage is not None:
         steps = _ints(a.steps_per_stage)

@@ -100,6 +100,7 @@ class StateTrackingConfig:
     a_init: float | tuple | None = 1e-3        # initial decay rate |A|: every head's, or (lo, hi) spread over each layer's heads; None: the LM's
     head: str = "tied"                         # "tied": the LM's head (class k = token k); "linear": a K-class head of its own
     lr: float = 3e-3
+    lr_final: float = 0.1                      # the cosine schedule ends at lr_final * lr
     batch_size: int = 64
     stages: tuple = (8, 16, 40, 80, 160)        # curriculum: the longest training length of each stage
     steps_per_stage: int | tuple = 400         # one count for every stage, or one per stage
@@ -128,6 +129,7 @@ class StateTrackingConfig:
         if not (a is None or (isinstance(a, (int, float)) and 0 < a <= 1) or
                 (isinstance(a, (tuple, list)) and len(a) == 2 and 0 < a[0] <= a[1] <= 1)):
             raise ValueError(f"a_init: expected a decay rate in (0, 1], a range (lo, hi) with 0 < lo <= hi <= 1, or None, got {a!r}")
+        if not 0 < self.lr_final <= 1: raise ValueError(f"lr_final: expected a fraction of lr in (0, 1], got {self.lr_final!r}")
         if not 0 <= self.ema < 1: raise ValueError(f"ema: expected a decay in [0, 1) (0: no average), got {self.ema!r}")
         if not 0 <= self.ema_start < 1: raise ValueError(f"ema_start: expected a fraction in [0, 1), got {self.ema_start!r}")
 
@@ -199,7 +201,7 @@ def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=Non
     stage_steps = cfg.stage_steps()
     total = sum(stage_steps); warm = max(1, total // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
-        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, total - warm))))))
+        cfg.lr_final + (1 - cfg.lr_final) / 2 * (1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, total - warm))))))
     average = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
     losses, curve, t0, cpu0, step, ema_from = [], [], time.perf_counter(), time.process_time(), 0, int(cfg.ema_start * total)
     tested = lambda: average.module if average is not None and step > ema_from else model   # the model the test measures

@@ -27,6 +27,9 @@ def test_recipe_options_parse():
     assert bench.parse_args(["--a-init", "1e-4,1"]).overrides["a_init"] == (1e-4, 1.0)
     assert a.seeds == (0,) and bench.parse_args(["--seeds", "1,2"]).seeds == (1, 2)      # one run per learning rate and seed
     assert bench.parse_args(["--ema", "0.999", "--ema-start", "0.5"]).overrides == dict(ema=0.999, ema_start=0.5)
+    assert bench.parse_args(["--lr-final", "0.01"]).overrides == dict(lr_final=0.01)
+    fields, _ = bench.recipe_of("modarith", bench.parse_args(["--d-state", "64", "--d-model", "64"]))
+    assert (StateTrackingConfig(**fields).model_config().d_state, StateTrackingConfig(**fields).model_config().d_model) == (64, 64)
 
 
 @pytest.mark.parametrize("argv, msg", [(["--a-init", "2"], "--a-init: expected a decay rate in (0, 1]"),
@@ -35,6 +38,7 @@ def test_recipe_options_parse():
                                        (["--steps-per-stage", "5,6"], "--steps-per-stage: expected a count >= 1, or one per stage"),
                                        (["--tasks", "sorting"], "--tasks: unknown task"),
                                        (["--seeds", "0,x"], "--seeds: expected comma-separated integers"),
+                                       (["--lr-final", "0"], "--lr-final: expected a fraction of lr in (0, 1]"),
                                        (["--ema", "1"], "--ema: expected a decay in [0, 1)"),
                                        (["--ema-start", "-0.1"], "--ema-start: expected a fraction in [0, 1)")])
 def test_bad_recipe_options_exit_2(argv, msg, capsys):
