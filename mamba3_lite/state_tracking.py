@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['P_MOD', 'PLUS', 'MINUS', 'TIMES', 'LPAR', 'RPAR', 'EQ', 'PAD', 'VOCAB', 'TASKS', 'BATCHES', 'VARIANTS', 'HEADS',
            'RECIPES', 'scaled_accuracy', 'parity_batch', 'modarith_batch', 'brackets_batch', 'StateTrackingConfig',
-           'task_loss', 'evaluate', 'head_decay_rates', 'state_tracking_model', 'train_state_tracking']
+           'task_loss', 'evaluate', 'head_decay_rates', 'state_tracking_model', 'lr_factor', 'train_state_tracking']
 
 # %% ../nbs/16_state_tracking.ipynb #5t000003
 import math
@@ -188,6 +188,13 @@ def state_tracking_model(cfg: StateTrackingConfig) -> Mamba3Transformer:
     return model
 
 
+def lr_factor(step: int, total: int, lr_final: float = 0.1) -> float:
+    "The learning rate at `step` of `total` as a fraction of the peak: a linear warm-up over the first 5% of the steps, then a cosine down to `lr_final`."
+    warm = max(1, total // 20)
+    return min(1.0, (step + 1) / warm) * (
+        lr_final + (1 - lr_final) / 2 * (1 + math.cos(math.pi * min(1.0, max(0, step - warm) / max(1, total - warm)))))
+
+
 @torch.enable_grad()   # training needs autograd whatever grad mode the caller left on
 def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=None) -> dict:
     """Train one model through the curriculum; return its losses, its learning curve (step, stage length, loss, scaled
@@ -199,9 +206,8 @@ def train_state_tracking(cfg: StateTrackingConfig, log_every: int = 100, log=Non
     model = state_tracking_model(cfg).train()
     opt = torch.optim.AdamW(model.param_groups(0.0), lr=cfg.lr, betas=(0.9, 0.95))
     stage_steps = cfg.stage_steps()
-    total = sum(stage_steps); warm = max(1, total // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
-        cfg.lr_final + (1 - cfg.lr_final) / 2 * (1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, total - warm))))))
+    total = sum(stage_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, cfg.lr_final))
     average = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
     losses, curve, t0, cpu0, step, ema_from = [], [], time.perf_counter(), time.process_time(), 0, int(cfg.ema_start * total)
     tested = lambda: average.module if average is not None and step > ema_from else model   # the model the test measures
